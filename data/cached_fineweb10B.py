@@ -1,0 +1,76 @@
+"""Download the pre-tokenized FineWeb shards the speedrun trains on.
+
+    python data/cached_fineweb10B.py 8
+
+fetches fineweb_val_000000.bin and fineweb_train_000001.bin .. fineweb_train_00000N.bin from the
+Hugging Face dataset kjj0/fineweb10B-gpt2 into data/fineweb10B/. Each shard holds 100M GPT-2
+tokens (about 200 MB); 8 cover the 0.73B training tokens of the reference run. Files already
+present with a valid header are skipped, and every download is checked before it counts.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from train_gpt import check_shard  # noqa: E402  (the one definition of a valid shard)
+
+REPO_ID = "kjj0/fineweb10B-gpt2"
+DEFAULT_DIR = Path(__file__).resolve().parent / "fineweb10B"
+
+
+def shard_names(num_train):
+    return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin"
+                                         for i in range(1, num_train + 1)]
+
+
+def download(num_train, local_dir=DEFAULT_DIR):
+    """Fetch the val shard and the first `num_train` train shards; return their paths."""
+    local_dir = Path(local_dir)
+    paths = []
+    for name in tqdm(shard_names(num_train), desc=f"shards in {local_dir}", unit="file"):
+        path = local_dir / name
+        try:
+            check_shard(path)
+            tqdm.write(f"{path} is present and valid, skipped")
+        except FileNotFoundError:
+            hf_hub_download(REPO_ID, name, repo_type="dataset", local_dir=local_dir)
+        except ValueError as err:
+            tqdm.write(f"{err}\ndownloading it again")
+            hf_hub_download(REPO_ID, name, repo_type="dataset", local_dir=local_dir,
+                            force_download=True)
+        check_shard(path)
+        paths.append(path)
+    return paths
+
+
+def one_line(err):
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("num_train", nargs="?", type=int, default=8,
+                        help="number of 100M-token train shards (default 8, the reference run)")
+    parser.add_argument("--dir", default=DEFAULT_DIR, help=f"target folder (default {DEFAULT_DIR})")
+    args = parser.parse_args(argv)
+    if args.num_train < 0:
+        parser.error(f"number of train shards must be 0 or more, got {args.num_train}")
+    try:
+        download(args.num_train, args.dir)
+    except RemoteEntryNotFoundError as err:
+        sys.exit(f"error: {one_line(err)}\nThe dataset {REPO_ID} has no such file: ask for "
+                 f"fewer train shards.")
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+        sys.exit(f"error: could not download from the Hugging Face dataset {REPO_ID}: "
+                 f"{one_line(err)}\nCheck the network connection (and HF_ENDPOINT if set), then "
+                 f"run this again: shards already downloaded are kept.")
+    except ValueError as err:
+        sys.exit(f"error: a downloaded shard is not valid: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Data section: the shard format, its checks, and the token stream of DistributedDataLoader."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from train_gpt import DistributedDataLoader, check_shard, read_shard, write_shard
+
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "shakespeare"
+
+
+def reference_stream(shards, batch_size, world_size, steps):
+    """SPEC section 7 written out literally: per step, every rank's (inputs, targets) as lists."""
+    shard, pos, out = 0, 0, []
+    for _ in range(steps):
+        if pos + batch_size + 1 >= len(shards[shard]):
+            shard, pos = (shard + 1) % len(shards), 0
+        tokens, local = shards[shard], batch_size // world_size
+        step = []
+        for rank in range(world_size):
+            chunk = list(tokens[pos + rank * local: pos + (rank + 1) * local + 1])
+            step.append((chunk[:-1], chunk[1:]))
+        pos += batch_size
+        out.append(step)
+    return out
+
+
+def make_shards(tmp_path, lengths, seed=0, prefix="train"):
+    """Shards of random tokens; shard i draws from [10000 i, 10000 (i + 1)) so ids tell shards apart."""
+    rng = np.random.default_rng(seed)
+    shards = [rng.integers(10000 * i, 10000 * (i + 1), size=n) for i, n in enumerate(lengths)]
+    for i, tokens in enumerate(shards):
+        write_shard(tmp_path / f"{prefix}_{i:06d}.bin", tokens)
+    return shards, str(tmp_path / f"{prefix}_*.bin")
+
+
+def test_write_then_read_round_trips(tmp_path):
+    tokens = np.array([50256, 0, 1, 65535, 15496, 11, 995, 0])
+    write_shard(tmp_path / "s.bin", tokens)
+    raw = (tmp_path / "s.bin").read_bytes()
+    header = np.frombuffer(raw[:1024], dtype="<i4")
+    assert header[:3].tolist() == [20240520, 1, len(tokens)] and not header[3:].any()
+    assert len(raw) == 1024 + 2 * len(tokens)
+    assert check_shard(tmp_path / "s.bin") == len(tokens)
+    read = read_shard(tmp_path / "s.bin")
+    assert read.dtype == torch.uint16
+    assert read.to(torch.int64).tolist() == tokens.tolist()
+
+
+def test_write_refuses_ids_that_do_not_fit_uint16(tmp_path):
+    with pytest.raises(ValueError, match="65535"):
+        write_shard(tmp_path / "s.bin", [1, 70000])
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_stream_matches_the_reference_rule(tmp_path, world_size):
+    batch_size = 96
+    # 193 = 2B + 1 hits the boundary rule with equality; 500 and 97 + 100 leave ragged tails.
+    shards, pattern = make_shards(tmp_path, [500, 193, 300, 197])
+    steps = 24  # walks through every shard and wraps around to the first twice
+    expected = reference_stream(shards, batch_size, world_size, steps)
+    loaders = [DistributedDataLoader(pattern, rank, world_size) for rank in range(world_size)]
+    for step in range(steps):
+        for rank, loader in enumerate(loaders):
+            inputs, targets = loader.next_batch(batch_size)
+            assert inputs.dtype == torch.int32 and targets.dtype == torch.int64
+            assert (inputs.tolist(), targets.tolist()) == expected[step][rank], (step, rank)
+
+
+def test_reference_rule_visits_every_shard_and_wraps(tmp_path):
+    """Guards the test above: its layout really crosses each boundary and wraps around."""
+    shards, _ = make_shards(tmp_path, [500, 193, 300, 197])
+    visited = [step[0][0][0] // 10000 for step in reference_stream(shards, 96, 1, 24)]
+    changes = [s for i, s in enumerate(visited) if i == 0 or s != visited[i - 1]]
+    assert changes == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+
+
+def test_reset_restarts_from_the_first_token(tmp_path):
+    shards, pattern = make_shards(tmp_path, [300, 300])
+    loader = DistributedDataLoader(pattern, 1, 2)
+    first = [t.tolist() for t in loader.next_batch(64)]
+    for _ in range(7):
+        loader.next_batch(64)
+    assert loader.shard == 1
+    loader.reset()
+    assert [t.tolist() for t in loader.next_batch(64)] == first
+
+
+def test_next_shard_is_read_in_the_background(tmp_path):
+    _, pattern = make_shards(tmp_path, [300, 300, 300])
+    loader = DistributedDataLoader(pattern, 0, 1)
+    index, future = loader.next_shard
+    assert index == 1
+    loaded = future.result(timeout=10)
+    for _ in range(5):  # 4 batches of 64 fit in 300 tokens; the 5th crosses into shard 1
+        loader.next_batch(64)
+    assert loader.shard == 1 and loader.tokens is loaded
+    assert loader.next_shard[0] == 2
+
+
+def test_single_shard_is_not_read_again(tmp_path):
+    _, pattern = make_shards(tmp_path, [300])
+    loader = DistributedDataLoader(pattern, 0, 1)
+    tokens = loader.tokens
+    for _ in range(10):
+        loader.next_batch(64)
+    loader.reset()
+    assert loader.tokens is tokens and loader.next_shard is None
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def corrupt(path, offset, value):
+    raw = bytearray(path.read_bytes())
+    raw[offset:offset + 4] = np.array([value], dtype="<i4").tobytes()
+    path.write_bytes(bytes(raw))
+
+
+def test_no_file_matches_the_pattern(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nothing_\*\.bin.*cached_fineweb10B\.py"):
+        DistributedDataLoader(str(tmp_path / "nothing_*.bin"), 0, 1)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: corrupt(p, 0, 12345), "magic number is 12345, expected 20240520"),
+    (lambda p: corrupt(p, 4, 7), "shard version is 7"),
+    (lambda p: p.write_bytes(p.read_bytes()[:-2]), "claims 100 tokens.*shorter"),
+    (lambda p: p.write_bytes(p.read_bytes() + b"\0\0"), "claims 100 tokens.*longer"),
+    (lambda p: corrupt(p, 8, 101), "claims 101 tokens.*shorter"),
+    (lambda p: p.write_bytes(p.read_bytes()[:500]), "shorter than the 1024-byte header"),
+])
+def test_bad_shards_are_refused_naming_the_file(tmp_path, edit, message):
+    _, pattern = make_shards(tmp_path, [100, 100])
+    bad = tmp_path / "train_000001.bin"
+    edit(bad)
+    for check in (check_shard, read_shard):
+        with pytest.raises(ValueError, match=message) as info:
+            check(bad)
+        assert str(bad) in str(info.value) and "cached_fineweb10B.py" in str(info.value)
+    with pytest.raises(ValueError, match=message):  # checked up front, not at the boundary
+        DistributedDataLoader(pattern, 0, 1)
+
+
+def test_shard_too_small_for_one_batch(tmp_path):
+    _, pattern = make_shards(tmp_path, [300, 65])
+    loader = DistributedDataLoader(pattern, 0, 2)
+    for _ in range(4):
+        loader.next_batch(64)
+    with pytest.raises(ValueError, match=r"train_000001\.bin holds 65 tokens.*batch of 64.*66"):
+        loader.next_batch(64)
+
+
+def test_first_shard_too_small_for_one_batch(tmp_path):
+    _, pattern = make_shards(tmp_path, [65])
+    with pytest.raises(ValueError, match=r"train_000000\.bin holds 65 tokens"):
+        DistributedDataLoader(pattern, 0, 1).next_batch(64)
+
+
+def test_batch_that_the_world_size_does_not_divide(tmp_path):
+    _, pattern = make_shards(tmp_path, [300])
+    with pytest.raises(ValueError, match="batch of 100 tokens does not split over 8 ranks"):
+        DistributedDataLoader(pattern, 0, 8).next_batch(100)
+
+
+# ----------------------------------------------------------------------------- embedded sample
+
+
+@pytest.mark.parametrize("split, tokens, documents", [("train", 1_825_710, 48), ("val", 169_501, 4)])
+def test_embedded_sample_shards(split, tokens, documents):
+    shard = read_shard(SAMPLE / f"shakespeare_{split}_000000.bin").to(torch.int64)
+    assert len(shard) == tokens
+    starts = (shard == 50256).nonzero().flatten().tolist()
+    assert len(starts) == documents and starts[0] == 0  # every play starts with <|endoftext|>
+    assert int(shard.max()) < 50257
+
+
+def test_embedded_sample_fits_the_budget():
+    sizes = [p.stat().st_size for p in SAMPLE.glob("*.bin")]
+    assert len(sizes) == 2 and sum(sizes) <= 4_000_000
