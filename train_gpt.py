@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # ----------------------------------------------------------------------------- hyperparameters
 
@@ -19,6 +22,207 @@ import torch
 class Hyperparameters:
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
+
+
+# ----------------------------------------------------------------------------- model
+
+EOT_TOKEN = 50256  # <|endoftext|>: every document starts with it
+BLOCK_SIZE = 128  # FlexAttention block; the sliding window is counted in these
+
+
+def next_multiple_of(n, multiple):
+    return -(-n // multiple) * multiple
+
+
+def norm(x):
+    return F.rms_norm(x, (x.size(-1),))
+
+
+class CastedLinear(nn.Linear):
+    """A bias-free linear layer whose fp32 weight is cast to the activation dtype (bf16 on GPU)."""
+
+    def __init__(self, in_features, out_features, zero_init=False):
+        super().__init__(in_features, out_features, bias=False)
+        if zero_init:
+            with torch.no_grad():
+                self.weight.zero_()
+
+    def forward(self, x):
+        return F.linear(x, self.weight.type_as(x))
+
+
+class Rotary(nn.Module):
+    """Half-truncated rotary embedding: half the head dims rotate, the other half do not."""
+
+    def __init__(self, head_dim, max_seq_len):
+        super().__init__()
+        angular_freq = (1 / 1024) ** torch.linspace(0, 1, steps=head_dim // 4, dtype=torch.float32)
+        angular_freq = torch.cat([angular_freq, angular_freq.new_zeros(head_dim // 4)])
+        theta = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), angular_freq)
+        self.cos = nn.Buffer(theta.cos(), persistent=False)
+        self.sin = nn.Buffer(theta.sin(), persistent=False)
+
+    def forward(self, x):  # x: (batch, seq, heads, head_dim)
+        cos, sin = self.cos[None, :x.size(1), None, :], self.sin[None, :x.size(1), None, :]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim, num_heads, rotary):
+        super().__init__()
+        self.num_heads = num_heads
+        self.c_q = CastedLinear(dim, dim)
+        self.c_k = CastedLinear(dim, dim)
+        self.c_v = CastedLinear(dim, dim)
+        self.lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))  # mix of v and the value embedding
+        self.rotary = rotary  # one module, shared by every layer
+        self.c_proj = CastedLinear(dim, dim, zero_init=True)
+
+    def forward(self, x, ve, mask):
+        B, T = x.size(0), x.size(1)
+        q = self.c_q(x).view(B, T, self.num_heads, -1)
+        k = self.c_k(x).view(B, T, self.num_heads, -1)
+        v = self.c_v(x).view(B, T, self.num_heads, -1)
+        v = self.lambdas[0] * v
+        if ve is not None:
+            v = v + self.lambdas[1] * ve.view_as(v)
+        q, k = self.rotary(norm(q)), self.rotary(norm(k))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if isinstance(mask, BlockMask):
+            y = flex_attention(q, k, v, block_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.c_proj(y.transpose(1, 2).contiguous().view_as(x))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.c_fc = CastedLinear(dim, 4 * dim)
+        self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, dim, num_heads, rotary, has_attention):
+        super().__init__()
+        self.attn = CausalSelfAttention(dim, num_heads, rotary) if has_attention else None
+        self.mlp = MLP(dim)
+        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))  # mix of the stream and x0
+
+    def forward(self, x, ve, x0, mask):
+        x = self.lambdas[0] * x + self.lambdas[1] * x0
+        if self.attn is not None:
+            x = x + self.attn(norm(x), ve, mask)
+        return x + self.mlp(norm(x))
+
+
+def build_block_mask(inputs, window_blocks):
+    """The document-causal sliding-window mask of `inputs`, built block by block for FlexAttention.
+
+    A block pair (q, kv) is skipped when it lies in the future, beyond the window or between
+    disjoint documents; it is "full" when every entry is allowed (an earlier block in the window
+    and both blocks inside one document), so the kernel needs no per-token check; the rest are
+    "partial" and go through `mask_mod`. No T x T tensor is ever made.
+    """
+    docs = (inputs == EOT_TOKEN).cumsum(0)
+    docs_low = docs.view(-1, BLOCK_SIZE)[:, 0].contiguous()
+    docs_high = docs.view(-1, BLOCK_SIZE)[:, -1].contiguous()
+    block_idx = torch.arange(len(docs_low), dtype=torch.int32, device=inputs.device)
+    q_blk, kv_blk = block_idx[:, None], block_idx[None, :]
+    in_window = q_blk - kv_blk < window_blocks
+    low_q, high_q, low_kv, high_kv = docs_low[:, None], docs_high[:, None], docs_low, docs_high
+    docs_overlap = (low_q <= high_kv) & (low_kv <= high_q)
+    one_doc = (low_q == high_kv) & (low_kv == high_q)
+    any_allowed = (q_blk >= kv_blk) & in_window & docs_overlap
+    all_allowed = (q_blk > kv_blk) & in_window & one_doc
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
+
+    def as_kv_lists(block_pairs):  # per query block: how many kv blocks, and which, listed first
+        counts = block_pairs.sum(dim=-1, dtype=torch.int32)
+        indices = block_pairs.argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+        return counts[None, None].contiguous(), indices[None, None].contiguous()
+
+    return BlockMask.from_kv_blocks(*as_kv_lists(any_allowed & ~all_allowed),
+                                    *as_kv_lists(all_allowed),
+                                    BLOCK_SIZE=BLOCK_SIZE, mask_mod=document_causal)
+
+
+def dense_attention_mask(inputs, window_blocks):
+    """The same mask as `build_block_mask` as a T x T bool tensor (True = may attend)."""
+    docs = (inputs == EOT_TOKEN).cumsum(0)
+    pos = torch.arange(len(inputs), device=inputs.device)
+    blk = pos // BLOCK_SIZE
+    causal = pos[:, None] >= pos[None, :]
+    same_doc = docs[:, None] == docs[None, :]
+    return causal & same_doc & (blk[:, None] - blk[None, :] < window_blocks)
+
+
+class GPT(nn.Module):
+    """GPT-2 small with the speedrun's changes: value embeddings, U-net skips, x0 mixing, ReLU^2.
+
+    Layers 0..L/2-1 are the encoder, the rest the decoder; each decoder block first adds a
+    weighted encoder output, last in first out. Three value-embedding tables feed the value
+    projections of the first three and the last three layers (pattern 012...012).
+    """
+
+    def __init__(self, vocab_size, num_layers, num_heads, model_dim, max_seq_len=65536,
+                 no_attention_layers=(7,), embed_dtype=torch.float32):
+        super().__init__()
+        if model_dim % num_heads or (model_dim // num_heads) % 4:
+            raise ValueError(f"model_dim {model_dim} must split into {num_heads} heads whose "
+                             f"size is a multiple of 4 (rotary); change model_dim or num_heads")
+        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
+        padded_vocab = next_multiple_of(vocab_size, 128)  # aligned matrices run faster
+        num_ve = min(3, num_layers // 2)
+        self.ve_index = [i if i < num_ve else i - (num_layers - num_ve) if i >= num_layers - num_ve
+                         else None for i in range(num_layers)]
+        self.embed = nn.Embedding(padded_vocab, model_dim)
+        self.value_embeds = nn.ModuleList([nn.Embedding(padded_vocab, model_dim)
+                                           for _ in range(num_ve)])
+        rotary = Rotary(model_dim // num_heads, max_seq_len)
+        self.blocks = nn.ModuleList([
+            Block(model_dim, num_heads, rotary, has_attention=i not in no_attention_layers)
+            for i in range(num_layers)])
+        self.num_encoder_layers = num_layers // 2
+        self.skip_weights = nn.Parameter(torch.ones(self.num_encoder_layers))
+        self.lm_head = CastedLinear(model_dim, padded_vocab, zero_init=True)
+        for table in [self.embed, *self.value_embeds]:  # initialised in fp32, then cast in place:
+            table.to(embed_dtype)  # with bf16 tables the whole residual stream runs in bf16
+
+    def forward(self, inputs, targets, window_blocks):
+        """Mean cross-entropy of `targets` given one flat sequence `inputs` of documents."""
+        check_tokens(inputs, self.vocab_size, self.max_seq_len)
+        make_mask = build_block_mask if inputs.is_cuda else dense_attention_mask
+        mask = make_mask(inputs, window_blocks)
+        x = x0 = norm(self.embed(inputs)[None])
+        ve = [None if i is None else self.value_embeds[i](inputs) for i in self.ve_index]
+        skips = []
+        for i, block in enumerate(self.blocks):
+            if i >= self.num_encoder_layers and skips:
+                x = x + self.skip_weights[i - self.num_encoder_layers] * skips.pop()
+            x = block(x, ve[i], x0, mask)
+            if i < self.num_encoder_layers:
+                skips.append(x)
+        logits = self.lm_head(norm(x))
+        logits = 15 * torch.tanh(logits / 15)  # soft cap, in the activation dtype
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets)
+
+
+def check_tokens(inputs, vocab_size, max_seq_len):
+    """Refuse inputs the model cannot take, with the reason (the value check only when eager)."""
+    if inputs.ndim != 1 or len(inputs) % BLOCK_SIZE or len(inputs) > max_seq_len:
+        raise ValueError(f"inputs must be one flat sequence whose length is a multiple of "
+                         f"{BLOCK_SIZE} and at most {max_seq_len}; got shape {tuple(inputs.shape)}")
+    if not torch.compiler.is_compiling():  # a host sync, so eager calls only
+        low, high = int(inputs.min()), int(inputs.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"token ids must lie in [0, {vocab_size}); got [{low}, {high}]")
 
 
 # ----------------------------------------------------------------------------- data
