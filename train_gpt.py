@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -22,6 +23,101 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 class Hyperparameters:
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
+    num_iterations: int = 1390
+    cooldown_frac: float = 0.4  # the learning rates fall linearly to 0 over this last part
+    embed_lr: float = 0.6  # Adam
+    head_lr: float = 0.008  # Adam
+    scalar_lr: float = 0.04  # Adam
+    muon_lr: float = 0.05
+
+
+# ----------------------------------------------------------------------------- Muon
+
+
+def zeropower_via_newtonschulz5(G, steps=5):
+    """Approximately orthogonalize G (replace it by U V^T of its SVD) with a quintic iteration.
+
+    The coefficients maximise the slope at zero rather than converge, so the singular values land
+    roughly in (0.5, 1.5) instead of exactly 1, which does not hurt training. Runs in bf16 on a GPU
+    and in fp32 on a CPU, where bf16 matrix products are slow.
+    """
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    X = G.bfloat16() if G.is_cuda else G.float()
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.T
+    X = X / (X.norm() + 1e-7)  # spectral norm at most 1
+    for _ in range(steps):
+        A = X @ X.T
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    return X.T if tall else X
+
+
+class Muon(torch.optim.Optimizer):
+    """MomentUm Orthogonalized by Newton-Schulz: SGD momentum whose update is orthogonalized.
+
+    For 2-D hidden weights only (embeddings, the head and scalars belong to Adam). Parameters
+    are grouped by size; in each group the ranks take chunks of world_size parameters, rank r
+    orthogonalizes parameter r of the chunk, and an asynchronous all_gather shares the updates
+    while the next chunk is computed. Every rank then applies every update, so all ranks keep
+    identical weights. Rank and world size come from the process group (none: one process).
+    """
+
+    def __init__(self, params, lr, momentum, nesterov=True, ns_steps=5):
+        params = list(params)
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        sizes = sorted({p.numel() for p in params}, reverse=True)
+        groups = [dict(params=[p for p in params if p.numel() == size]) for size in sizes]
+        super().__init__(groups, dict(lr=lr, momentum=momentum, nesterov=nesterov,
+                                      ns_steps=ns_steps))
+        self.update_buffers = {}  # per size: the updates of one chunk, one row per rank
+        for size in sizes:
+            device = next(p.device for p in params if p.numel() == size)
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            self.update_buffers[size] = torch.empty(self.world_size * size, dtype=dtype,
+                                                    device=device)
+
+    def _orthogonalized_update(self, p, group):
+        if p.grad is None:
+            raise RuntimeError(f"a Muon parameter of shape {tuple(p.shape)} has no gradient")
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p.grad)
+        buf = state["momentum_buffer"]
+        buf.lerp_(p.grad, 1 - group["momentum"])
+        g = p.grad.lerp_(buf, group["momentum"]) if group["nesterov"] else buf
+        return zeropower_via_newtonschulz5(g, steps=group["ns_steps"]).flatten()
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params, lr = group["params"], group["lr"]
+            buffer = self.update_buffers[params[0].numel()]
+            rows = buffer.view(self.world_size, -1)
+            pending = None
+
+            def apply(handle, chunk):  # every rank applies the whole chunk, in the same order
+                if handle is not None:
+                    handle.wait()
+                for p, update in zip(chunk, rows):
+                    p.add_(update.view_as(p), alpha=-lr * max(1, p.size(0) / p.size(1)) ** 0.5)
+
+            for start in range(0, len(params), self.world_size):
+                chunk = params[start:start + self.world_size]
+                # a rank past the end of an uneven chunk sends a placeholder nobody applies
+                update = (self._orthogonalized_update(chunk[self.rank], group)
+                          if self.rank < len(chunk) else rows[self.rank])
+                if pending is not None:
+                    apply(*pending)
+                if self.world_size == 1:
+                    rows[0].copy_(update)
+                    pending = (None, chunk)
+                else:
+                    pending = (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk)
+            apply(*pending)
 
 
 # ----------------------------------------------------------------------------- model
@@ -338,3 +434,38 @@ class DistributedDataLoader:
         inputs = buf[:-1].to(device=self.device, dtype=torch.int32, non_blocking=True)
         targets = buf[1:].to(device=self.device, dtype=torch.int64, non_blocking=True)
         return inputs, targets
+
+# ----------------------------------------------------------------------------- training
+
+
+def build_optimizers(model, args):
+    """Adam for the embeddings, the head and the scalars; Muon for every matrix in the blocks."""
+    embeddings = [model.embed.weight, *(table.weight for table in model.value_embeds)]
+    scalars = [p for p in model.parameters() if p.ndim < 2]
+    matrices = [p for p in model.blocks.parameters() if p.ndim == 2]
+    adam = torch.optim.Adam([dict(params=embeddings, lr=args.embed_lr),
+                             dict(params=[model.lm_head.weight], lr=args.head_lr),
+                             dict(params=scalars, lr=args.scalar_lr)],
+                            betas=(0.8, 0.95), eps=1e-8, fused=model.lm_head.weight.is_cuda)
+    muon = Muon(matrices, lr=args.muon_lr, momentum=0.95)
+    for group in adam.param_groups + muon.param_groups:
+        group["initial_lr"] = group["lr"]
+    return adam, muon
+
+
+def lr_multiplier(step, num_iterations, cooldown_frac):
+    """1 for the first (1 - cooldown_frac) of the run, then a straight line down to 0."""
+    remaining = 1 - step / num_iterations
+    return 1.0 if remaining >= cooldown_frac else remaining / cooldown_frac
+
+
+def muon_momentum(step, warmup_steps=300):
+    """Muon's momentum rises linearly from 0.85 to 0.95 over the first 300 steps."""
+    frac = min(step / warmup_steps, 1)
+    return (1 - frac) * 0.85 + frac * 0.95
+
+
+def window_blocks(step, num_iterations):
+    """The attention window, in 128-token blocks: 1 at the start, 14 (1792 tokens) at the end."""
+    x = step / num_iterations
+    return int(((1 - x) * 128 + x * 1856) // 128)

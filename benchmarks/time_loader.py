@@ -1,6 +1,6 @@
 """Time DistributedDataLoader.next_batch at a shard boundary against an ordinary call.
 
-    python data/time_loader.py [--tokens 100000000] [--step-ms 150]
+    python benchmarks/time_loader.py [--tokens 100000000] [--step-ms 150]
 
 Writes three shards of random tokens (100M each by default, like the FineWeb shards) to a
 temporary folder, evicts them from the page cache so every read comes from disk, then walks the

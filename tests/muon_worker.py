@@ -1,0 +1,40 @@
+"""Run Muon for a few steps on an uneven set of parameters; launched by tests/test_muon.py with
+torchrun (gloo, CPU). Every rank saves its parameters after every step to OUT/rank<r>.pt."""
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from train_gpt import Muon  # noqa: E402
+
+# numel 128: five parameters (uneven for 2 and 3 ranks); 144: one, fewer than the ranks;
+# 200: four (even for 2 ranks, uneven for 3)
+SHAPES = [(8, 16), (16, 8), (4, 32), (12, 12), (10, 20), (8, 16), (20, 10), (16, 8), (10, 20),
+          (20, 10)]
+STEPS = 4
+
+
+def run():
+    torch.set_num_threads(1)  # the same arithmetic in every process, whatever the world size
+    if "RANK" in __import__("os").environ:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in SHAPES]
+    muon = Muon(params, lr=0.05, momentum=0.9)
+    history = []
+    for step in range(STEPS):
+        for p in params:  # the same gradients on every rank, as after DDP's all-reduce
+            p.grad = torch.randn(p.shape, generator=generator)
+        muon.param_groups[0]["momentum"] = 0.85 + 0.02 * step
+        muon.step()
+        history.append([p.detach().clone() for p in params])
+    torch.save(history, Path(sys.argv[1]) / f"rank{rank}.pt")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run()
