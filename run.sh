@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
-# The speedrun: fetch the 8 FineWeb shards if missing, then train on every GPU of this machine.
+# The speedrun. On a machine with NVIDIA GPUs: fetch the 8 FineWeb shards if missing, then train
+# on every GPU (NPROC_PER_NODE to use fewer). Without a usable GPU: the CPU smoke run instead.
 # Extra arguments pass through to train_gpt.py, e.g. ./run.sh --num_iterations=100
 set -euo pipefail
 cd "$(dirname "$0")"
+gpus=$(python -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" = 0 ]; then
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        echo "error: nvidia-smi sees a GPU but PyTorch does not (a CPU-only torch build, or a" \
+             "driver/CUDA mismatch); fix that before training: python -c 'import torch; print(torch.version.cuda)'" >&2
+        exit 1
+    fi
+    echo "No CUDA GPU here: running the CPU smoke run (python train_gpt.py --preset=smoke)." \
+         "The real run, on a GPU machine: ./run.sh"
+    # Keep freed memory in the process: fresh pages for every step's tensors cost more than the math.
+    export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
+    exec python train_gpt.py --preset=smoke "$@"
+fi
 python data/cached_fineweb10B.py 8
-exec torchrun --standalone --nproc_per_node="${NPROC_PER_NODE:-8}" train_gpt.py "$@"
+exec torchrun --standalone --nproc_per_node="${NPROC_PER_NODE:-$gpus}" train_gpt.py "$@"

@@ -4,8 +4,18 @@ Launch with `torchrun --standalone --nproc_per_node=8 train_gpt.py` (or `./run.s
 The file reads top to bottom: hyperparameters, Muon, model, data, training.
 Importing it has no side effects; everything that runs lives in `main()`.
 """
+import contextlib
+import copy
+import dataclasses
 import glob
 import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -15,20 +25,82 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 # ----------------------------------------------------------------------------- hyperparameters
 
 
 @dataclass
 class Hyperparameters:
+    """The reference configuration. Override any field with --name=value on the command line."""
+    # data
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"
+    val_tokens: int = 10_485_760  # validate on this many tokens from the start of the val shard
+    batch_size: int = 8 * 64 * 1024  # tokens per step, over all ranks
+    micro_batch_size: int = 64 * 1024  # tokens per forward/backward: one flat sequence
+    # model
+    vocab_size: int = 50257
+    num_layers: int = 12
+    num_heads: int = 6
+    model_dim: int = 768
+    no_attention_layers: tuple = (7,)
+    # optimization
     num_iterations: int = 1390
     cooldown_frac: float = 0.4  # the learning rates fall linearly to 0 over this last part
     embed_lr: float = 0.6  # Adam
     head_lr: float = 0.008  # Adam
     scalar_lr: float = 0.04  # Adam
     muon_lr: float = 0.05
+    # run
+    val_every: int = 125  # and after the last step; 0: only then
+    warmup_steps: int = 10  # untimed steps that compile the kernels, then undone
+    seed: int = 0
+    log_dir: str = "logs"
+
+
+# A small model on the embedded Shakespeare sample: checks a setup on a CPU in about 2 minutes.
+PRESETS = {
+    "smoke": dict(train_files="data/shakespeare/shakespeare_train_*.bin",
+                  val_files="data/shakespeare/shakespeare_val_*.bin", val_tokens=8 * 1024,
+                  batch_size=1024, micro_batch_size=512, num_layers=4, num_heads=2,
+                  model_dim=128, num_iterations=150, val_every=50, warmup_steps=0),
+}
+
+
+def parse_args(argv):
+    """Hyperparameters from `--name=value` arguments (and `--preset=NAME`, applied first)."""
+    fields = {f.name: f.type for f in dataclasses.fields(Hyperparameters)}
+    pairs = []
+    for arg in argv:
+        name, sep, value = arg.removeprefix("--").partition("=")
+        if not arg.startswith("--") or not sep:
+            raise ValueError(f"arguments look like --name=value, got {arg!r}")
+        if name != "preset" and name not in fields:
+            raise ValueError(f"unknown hyperparameter {name!r}; valid names: "
+                             f"{', '.join(fields)}, and --preset={'|'.join(PRESETS)}")
+        pairs.append((name, value))
+    args = Hyperparameters()
+    for name, value in pairs:
+        if name == "preset":
+            if value not in PRESETS:
+                raise ValueError(f"unknown preset {value!r}; presets: {', '.join(PRESETS)}")
+            args = dataclasses.replace(args, **PRESETS[value])
+    for name, value in pairs:
+        if name != "preset":
+            setattr(args, name, parse_value(name, value, fields[name]))
+    return args
+
+
+def parse_value(name, value, kind):
+    try:
+        if kind is tuple:  # comma-separated ints; empty for none
+            return tuple(int(v) for v in value.split(",") if v.strip())
+        if kind is bool:
+            return {"true": True, "1": True, "false": False, "0": False}[value.lower()]
+        return kind(value)
+    except (ValueError, KeyError):
+        raise ValueError(f"--{name}={value}: expected {kind.__name__}") from None
 
 
 # ----------------------------------------------------------------------------- Muon
@@ -469,3 +541,216 @@ def window_blocks(step, num_iterations):
     """The attention window, in 128-token blocks: 1 at the start, 14 (1792 tokens) at the end."""
     x = step / num_iterations
     return int(((1 - x) * 128 + x * 1856) // 128)
+
+
+def check_config(args, world_size):
+    """Refuse a configuration that cannot run, saying which values and how to fix them."""
+    positive = ["val_tokens", "batch_size", "micro_batch_size", "vocab_size", "num_layers",
+                "num_heads", "model_dim", "num_iterations"]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name}={getattr(args, name)} must be positive")
+    for name in ["val_every", "warmup_steps"]:
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name}={getattr(args, name)} must be 0 or more")
+    if not 0 <= args.cooldown_frac <= 1:
+        raise ValueError(f"--cooldown_frac={args.cooldown_frac} must lie in [0, 1]")
+    if args.batch_size % world_size:
+        raise ValueError(f"--batch_size={args.batch_size} does not split over {world_size} ranks;"
+                         f" use a multiple of {world_size}")
+    seq_len = min(args.micro_batch_size, args.batch_size // world_size)
+    if (args.batch_size // world_size) % seq_len or seq_len % BLOCK_SIZE:
+        raise ValueError(f"each rank's {args.batch_size // world_size} tokens must split into "
+                         f"sequences of {seq_len}, a multiple of {BLOCK_SIZE}; change "
+                         f"--batch_size or --micro_batch_size")
+    if args.micro_batch_size % BLOCK_SIZE:
+        raise ValueError(f"--micro_batch_size={args.micro_batch_size} must be a multiple of "
+                         f"{BLOCK_SIZE}")
+    if args.val_tokens % (world_size * args.micro_batch_size):
+        raise ValueError(f"--val_tokens={args.val_tokens} must be a multiple of world size x "
+                         f"micro batch = {world_size * args.micro_batch_size}")
+
+
+def train_step(model, inputs, targets, window, seq_len):
+    """Forward and backward this rank's slice as sequences of `seq_len` tokens.
+
+    Gradients are averaged over the sequences here and over the ranks by DDP, so the update is
+    the mean over the whole batch whatever the world size. They are synchronised once, after the
+    last sequence. Returns the mean loss, detached.
+    """
+    num_seqs = len(inputs) // seq_len
+    total = torch.zeros((), device=inputs.device)
+    for i in range(num_seqs):
+        chunk = slice(i * seq_len, (i + 1) * seq_len)
+        last = i == num_seqs - 1
+        with model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext():
+            loss = model(inputs[chunk], targets[chunk], window) / num_seqs
+            loss.backward()
+        total += loss.detach()
+    return total
+
+
+@torch.no_grad()
+def evaluate(model, loader, args, window, world_size):
+    """Mean loss over the first val_tokens of the val shard, as sequences of micro_batch_size."""
+    model.eval()
+    loader.reset()
+    steps = args.val_tokens // (world_size * args.micro_batch_size)
+    total = torch.zeros((), device=window.device)
+    for _ in range(steps):
+        inputs, targets = loader.next_batch(world_size * args.micro_batch_size)
+        total += model(inputs, targets, window).float()
+    model.train()
+    return all_ranks_mean(total / steps)
+
+
+def all_ranks_mean(x):
+    if dist.is_initialized():
+        dist.all_reduce(x)  # a sum: gloo has no average
+        x /= dist.get_world_size()
+    return x
+
+
+def make_logger(args, rank):
+    """Return log(line): print on rank 0 and append to logs/<run id>.txt, flushed each line."""
+    if rank != 0:
+        return lambda line, console=True: None
+    os.makedirs(args.log_dir, exist_ok=True)
+    path = os.path.join(args.log_dir, f"{uuid.uuid4()}.txt")
+    log_file = open(path, "w")
+    print(f"logging to {path}")
+
+    def log(line, console=True):
+        if console:
+            print(line)
+        log_file.write(line + "\n")
+        log_file.flush()
+    return log
+
+
+def log_run_header(log, args, world_size, seq_len, train_files, val_files):
+    """Everything needed to reproduce the run: code, versions, hardware, data, settings."""
+    with open(__file__) as f:
+        log(f.read(), console=False)
+    log("=" * 100, console=False)
+    cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
+    log(f"Python {platform.python_version()}, PyTorch {torch.__version__}, CUDA {cuda}")
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True)
+        log(smi.stdout, console=False)
+    log(f"train files: {' '.join(train_files)}", console=False)
+    log(f"val files: {' '.join(val_files)}", console=False)
+    log(f"hyperparameters: {dataclasses.asdict(args)}")
+    log(f"world size {world_size}: {args.batch_size // world_size // seq_len} sequence(s) of "
+        f"{seq_len} tokens per rank per step")
+    if seq_len < args.micro_batch_size:
+        log(f"note: each rank's slice ({seq_len} tokens) is shorter than --micro_batch_size="
+            f"{args.micro_batch_size}: attention sees shorter context, so this is a different "
+            f"run from the reference")
+
+
+def setup_device():
+    """(rank, world size, device): torchrun's process group, or one process without torchrun."""
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if "RANK" in os.environ:  # launched by torchrun, on one node or many
+        dist.init_process_group("nccl" if cuda else "gloo")
+        return dist.get_rank(), dist.get_world_size(), device
+    return 0, 1, device
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    rank, world_size, device = setup_device()
+    try:
+        return train(args, rank, world_size, device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def train(args, rank, world_size, device):
+    """The speedrun proper. Returns the validation losses as {step: loss}."""
+    check_config(args, world_size)
+    cuda = device.type == "cuda"
+    seq_len = min(args.micro_batch_size, args.batch_size // world_size)
+    train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
+    val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
+    if check_shard(val_loader.files[0]) <= args.val_tokens:
+        raise ValueError(f"{val_loader.files[0]} holds {check_shard(val_loader.files[0])} tokens, "
+                         f"not more than --val_tokens={args.val_tokens}; validate on fewer tokens")
+    log = make_logger(args, rank)
+    log_run_header(log, args, world_size, seq_len, train_loader.files, val_loader.files)
+
+    torch.manual_seed(args.seed)  # built on the CPU: the same weights on every rank and device
+    model = GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
+                max_seq_len=args.micro_batch_size, no_attention_layers=args.no_attention_layers,
+                embed_dtype=torch.bfloat16 if cuda else torch.float32).to(device)
+    compiled = torch.compile(model) if cuda else model
+    ddp_model = (DDP(compiled, device_ids=[device] if cuda else None, broadcast_buffers=False,
+                     gradient_as_bucket_view=True) if dist.is_initialized() else compiled)
+    adam, muon = build_optimizers(model, args)
+    window = torch.tensor(1, dtype=torch.int32, device=device)
+
+    def step_once(step):
+        multiplier = lr_multiplier(step, args.num_iterations, args.cooldown_frac)
+        window.fill_(window_blocks(step, args.num_iterations))
+        inputs, targets = train_loader.next_batch(args.batch_size)
+        loss = train_step(ddp_model, inputs, targets, window, seq_len)
+        for group in adam.param_groups + muon.param_groups:
+            group["lr"] = group["initial_lr"] * multiplier
+        for group in muon.param_groups:
+            group["momentum"] = muon_momentum(step)
+        adam.step()
+        muon.step()
+        ddp_model.zero_grad(set_to_none=True)
+        return loss
+
+    # Compile and warm up on a few steps, then put everything back as it was: the timed run is
+    # exactly the run that would have happened without the warm-up.
+    initial = copy.deepcopy([model.state_dict(), adam.state_dict(), muon.state_dict()])
+    for step in range(args.warmup_steps):
+        step_once(step)
+    model.load_state_dict(initial[0])
+    adam.load_state_dict(initial[1])
+    muon.load_state_dict(initial[2])
+    train_loader.reset()
+
+    val_losses, train_time_ms = {}, 0.0
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    sync()
+    start = time.perf_counter()
+    for step in range(args.num_iterations + 1):
+        last = step == args.num_iterations
+        if last or (args.val_every and step % args.val_every == 0):
+            sync()
+            train_time_ms += 1e3 * (time.perf_counter() - start)
+            window.fill_(window_blocks(step, args.num_iterations))
+            val_losses[step] = evaluate(compiled, val_loader, args, window, world_size).item()
+            log(f"step:{step}/{args.num_iterations} val_loss:{val_losses[step]:.4f} "
+                f"train_time:{train_time_ms:.0f}ms step_avg:{train_time_ms / max(step, 1):.2f}ms")
+            sync()
+            start = time.perf_counter()
+        if last:
+            break
+        loss = all_ranks_mean(step_once(step)).item()
+        elapsed_ms = train_time_ms + 1e3 * (time.perf_counter() - start)
+        log(f"step:{step + 1}/{args.num_iterations} train_time:{elapsed_ms:.0f}ms "
+            f"step_avg:{elapsed_ms / (step + 1):.2f}ms train_loss:{loss:.4f}")
+
+    if cuda:
+        log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
+    else:  # ru_maxrss is in KiB on Linux
+        log(f"peak memory consumption: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"
+            f" MiB (CPU run: peak resident set size of rank 0)")
+    return val_losses
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")

@@ -1,0 +1,119 @@
+"""Training section: command line, world-size invariance, warm-up restore, logs, records tool."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_gpt
+from train_gpt import Hyperparameters, check_config, main, parse_args
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "shakespeare"
+TINY = [f"--train_files={SAMPLE}/shakespeare_train_*.bin",
+        f"--val_files={SAMPLE}/shakespeare_val_*.bin", "--num_layers=2", "--num_heads=1",
+        "--model_dim=64", "--batch_size=512", "--micro_batch_size=256", "--val_tokens=1024",
+        "--num_iterations=4", "--val_every=2", "--warmup_steps=0"]
+
+
+def test_overrides_are_typed_by_the_field():
+    args = parse_args(["--num_iterations=7", "--muon_lr=0.1", "--log_dir=x",
+                       "--no_attention_layers=1,3"])
+    assert (args.num_iterations, args.muon_lr, args.log_dir) == (7, 0.1, "x")
+    assert args.no_attention_layers == (1, 3) and parse_args([]) == Hyperparameters()
+    assert parse_args(["--no_attention_layers="]).no_attention_layers == ()
+
+
+def test_preset_applies_first_and_overrides_win():
+    args = parse_args(["--num_iterations=3", "--preset=smoke"])
+    assert args.num_iterations == 3 and args.model_dim == 128
+    assert args.train_files == "data/shakespeare/shakespeare_train_*.bin"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num_iteration=3"], r"unknown hyperparameter 'num_iteration'; valid names: train_files"),
+    (["--num_iterations=three"], r"--num_iterations=three: expected int"),
+    (["--muon_lr=fast"], r"--muon_lr=fast: expected float"),
+    (["num_iterations=3"], r"arguments look like --name=value"),
+    (["--preset=huge"], r"unknown preset 'huge'; presets: smoke"),
+])
+def test_bad_arguments_are_clear_errors(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_args(argv)
+
+
+@pytest.mark.parametrize("override, world_size, message", [
+    ({"batch_size": 516}, 8, "does not split over 8 ranks"),
+    ({"micro_batch_size": 384}, 1, "must split into sequences of 384"),
+    ({"micro_batch_size": 1000}, 1, "--micro_batch_size=1000 must be a multiple of 128"),
+    ({"val_tokens": 1000}, 1, "multiple of world size x micro batch"),
+    ({"num_layers": 0}, 1, "--num_layers=0 must be positive"),
+])
+def test_impossible_configurations_are_refused(override, world_size, message):
+    args = parse_args(TINY)
+    for name, value in override.items():
+        setattr(args, name, value)
+    with pytest.raises(ValueError, match=message):
+        check_config(args, world_size)
+
+
+def launch(tmp_path, mode, nproc, argv):
+    out = tmp_path / f"{mode}{nproc}"
+    out.mkdir()
+    worker = str(Path(__file__).resolve().parent / "training_worker.py")
+    launcher = [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    result = subprocess.run(launcher + [worker, mode, str(out)] + argv + [f"--log_dir={out}"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out / "result.pt")
+
+
+def test_one_and_two_processes_train_the_same(tmp_path):
+    one, two = launch(tmp_path, "train", 1, TINY), launch(tmp_path, "train", 2, TINY)
+    assert list(one) == [0, 2, 4]
+    for step in one:
+        assert abs(one[step] - two[step]) < 1e-5, (step, one[step], two[step])
+    assert one[4] < one[0] - 0.5  # and it trained
+
+
+def test_gradients_are_averaged_over_sequences_and_ranks(tmp_path):
+    """Adam and Muon barely notice a scaled gradient, so compare the gradients themselves."""
+    one, two = launch(tmp_path, "grads", 1, TINY), launch(tmp_path, "grads", 2, TINY)
+    for name in one:
+        scale = one[name].abs().max()
+        assert scale > 0 and (one[name] - two[name]).abs().max() < 1e-5 * scale, name
+
+
+def test_warm_up_is_undone(tmp_path):
+    cold = main(TINY + [f"--log_dir={tmp_path}"])
+    warm = main(TINY + [f"--log_dir={tmp_path}", "--warmup_steps=3"])
+    assert cold == warm
+
+
+def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
+    main(TINY + [f"--log_dir={tmp_path}"])
+    (log,) = tmp_path.glob("*.txt")
+    assert re.fullmatch(r"[0-9a-f-]{36}\.txt", log.name)
+    text = log.read_text()
+    assert text.startswith(Path(train_gpt.__file__).read_text())
+    assert f"PyTorch {torch.__version__}" in text and "hyperparameters: {" in text
+    assert "shakespeare_train_000000.bin" in text
+    lines = text.splitlines()
+    steps = [line for line in lines if line.startswith("step:")]
+    val = r"step:{0}/4 val_loss:\d+\.\d{{4}} train_time:\d+ms step_avg:\d+\.\d{{2}}ms"
+    train = r"step:{0}/4 train_time:\d+ms step_avg:\d+\.\d{{2}}ms train_loss:\d+\.\d{{4}}"
+    patterns = [val.format(0), train.format(1), train.format(2), val.format(2), train.format(3),
+                train.format(4), val.format(4)]
+    assert len(steps) == len(patterns)
+    for line, pattern in zip(steps, patterns):
+        assert re.fullmatch(pattern, line), line
+    assert re.fullmatch(r"peak memory consumption: \d+ MiB.*", lines[-1])
+    assert steps[0].startswith("step:0/4 val_loss:10.8258")
+
+
+def test_missing_data_names_the_download_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cached_fineweb10B.py"):
+        main(TINY + [f"--train_files={tmp_path}/none_*.bin", f"--log_dir={tmp_path}"])

@@ -1,0 +1,44 @@
+"""Launched by tests/test_training.py, with plain python (one process) or torchrun (gloo):
+
+    training_worker.py train OUT [--name=value ...]   runs train_gpt.main, saves its val losses
+    training_worker.py grads OUT [--name=value ...]   one train_step, saves the gradients
+
+Rank 0 writes OUT/result.pt.
+"""
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import train_gpt  # noqa: E402
+
+
+def gradients(argv):
+    args = train_gpt.parse_args(argv)
+    rank, world_size, device = train_gpt.setup_device()
+    torch.manual_seed(args.seed)
+    model = train_gpt.GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
+                          max_seq_len=args.micro_batch_size)
+    ddp_model = DDP(model, broadcast_buffers=False, gradient_as_bucket_view=True) \
+        if dist.is_initialized() else model
+    with torch.no_grad():  # a nonzero head and projections, so every gradient is informative
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    loader = train_gpt.DistributedDataLoader(args.train_files, rank, world_size)
+    inputs, targets = loader.next_batch(args.batch_size)
+    seq_len = min(args.micro_batch_size, args.batch_size // world_size)
+    train_gpt.train_step(ddp_model, inputs, targets, torch.tensor(2), seq_len)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    mode, out, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    result = train_gpt.main(argv) if mode == "train" else gradients(argv)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        torch.save(result, out / "result.pt")
+    if dist.is_initialized():
+        dist.destroy_process_group()
