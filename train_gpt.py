@@ -679,9 +679,10 @@ def train(args, rank, world_size, device):
     seq_len = min(args.micro_batch_size, args.batch_size // world_size)
     train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
-    if check_shard(val_loader.files[0]) <= args.val_tokens:
-        raise ValueError(f"{val_loader.files[0]} holds {check_shard(val_loader.files[0])} tokens, "
-                         f"not more than --val_tokens={args.val_tokens}; validate on fewer tokens")
+    val_shard_tokens = check_shard(val_loader.files[0])
+    if val_shard_tokens <= args.val_tokens:
+        raise ValueError(f"{val_loader.files[0]} holds {val_shard_tokens} tokens, not more than "
+                         f"--val_tokens={args.val_tokens}; validate on fewer tokens")
     log = make_logger(args, rank)
     log_run_header(log, args, world_size, seq_len, train_loader.files, val_loader.files)
 
