@@ -543,6 +543,11 @@ def window_blocks(step, num_iterations):
     return int(((1 - x) * 128 + x * 1856) // 128)
 
 
+def sequence_length(args, world_size):
+    """Tokens per forward pass: the micro-batch, or a rank's whole slice when that is shorter."""
+    return min(args.micro_batch_size, args.batch_size // world_size)
+
+
 def check_config(args, world_size):
     """Refuse a configuration that cannot run, saying which values and how to fix them."""
     positive = ["val_tokens", "batch_size", "micro_batch_size", "vocab_size", "num_layers",
@@ -558,7 +563,7 @@ def check_config(args, world_size):
     if args.batch_size % world_size:
         raise ValueError(f"--batch_size={args.batch_size} does not split over {world_size} ranks;"
                          f" use a multiple of {world_size}")
-    seq_len = min(args.micro_batch_size, args.batch_size // world_size)
+    seq_len = sequence_length(args, world_size)
     if (args.batch_size // world_size) % seq_len or seq_len % BLOCK_SIZE:
         raise ValueError(f"each rank's {args.batch_size // world_size} tokens must split into "
                          f"sequences of {seq_len}, a multiple of {BLOCK_SIZE}; change "
@@ -676,7 +681,7 @@ def train(args, rank, world_size, device):
     """The speedrun proper. Returns the validation losses as {step: loss}."""
     check_config(args, world_size)
     cuda = device.type == "cuda"
-    seq_len = min(args.micro_batch_size, args.batch_size // world_size)
+    seq_len = sequence_length(args, world_size)
     train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
     val_shard_tokens = check_shard(val_loader.files[0])

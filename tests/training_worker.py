@@ -29,7 +29,7 @@ def gradients(argv):
             p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     loader = train_gpt.DistributedDataLoader(args.train_files, rank, world_size)
     inputs, targets = loader.next_batch(args.batch_size)
-    seq_len = min(args.micro_batch_size, args.batch_size // world_size)
+    seq_len = train_gpt.sequence_length(args, world_size)
     train_gpt.train_step(ddp_model, inputs, targets, torch.tensor(2), seq_len)
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
