@@ -8,10 +8,13 @@ import contextlib
 import copy
 import dataclasses
 import glob
+import math
 import os
 import platform
+import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -56,7 +59,15 @@ class Hyperparameters:
     val_every: int = 125  # and after the last step; 0: only then
     warmup_steps: int = 10  # untimed steps that compile the kernels, then undone
     seed: int = 0
-    log_dir: str = "logs"
+    log_dir: str = "logs"  # the log is <log_dir>/<run id>.txt, checkpoints <log_dir>/<run id>/
+    checkpoint_every: int = 0  # write the whole training state every this many steps; 0: never
+    save_checkpoint: bool = False  # write it after the last step
+    resume: str = ""  # continue from this checkpoint (a folder: its newest)
+
+
+# A resumed run may change these: they do not change the trained weights.
+RUN_FIELDS = {"val_every", "warmup_steps", "log_dir", "checkpoint_every", "save_checkpoint",
+              "resume"}
 
 
 # A small model on the embedded Shakespeare sample: checks a setup on a CPU in about 2 minutes.
@@ -69,11 +80,16 @@ PRESETS = {
 
 
 def parse_args(argv):
-    """Hyperparameters from `--name=value` arguments (and `--preset=NAME`, applied first)."""
+    """Hyperparameters from `--name=value` arguments (and `--preset=NAME`, applied first).
+
+    A true/false field given alone, like `--save_checkpoint`, is set to true.
+    """
     fields = {f.name: f.type for f in dataclasses.fields(Hyperparameters)}
     pairs = []
     for arg in argv:
         name, sep, value = arg.removeprefix("--").partition("=")
+        if not sep and fields.get(name) is bool:
+            sep, value = "=", "true"
         if not arg.startswith("--") or not sep:
             raise ValueError(f"arguments look like --name=value, got {arg!r}")
         if name != "preset" and name not in fields:
@@ -190,6 +206,37 @@ class Muon(torch.optim.Optimizer):
                 else:
                     pending = (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk)
             apply(*pending)
+
+    def state_dict(self):
+        """The state with every parameter's momentum, gathered from the rank that owns it.
+
+        A collective: every rank calls it. A buffer not created yet is saved as zeros, which is
+        where momentum starts anyway.
+        """
+        state = super().state_dict()
+        if self.world_size == 1:
+            return state
+        ids = iter([i for group in state["param_groups"] for i in group["params"]])
+        for group in self.param_groups:
+            params = group["params"]
+            for start in range(0, len(params), self.world_size):
+                chunk = params[start:start + self.world_size]
+                mine = torch.zeros_like(params[0]).flatten()
+                if self.rank < len(chunk) and "momentum_buffer" in self.state[chunk[self.rank]]:
+                    mine = self.state[chunk[self.rank]]["momentum_buffer"].flatten()
+                rows = mine.new_empty(self.world_size * len(mine))
+                dist.all_gather_into_tensor(rows, mine)
+                for p, row in zip(chunk, rows.view(self.world_size, -1)):
+                    state["state"][next(ids)] = {"momentum_buffer": row.view_as(p)}
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Load a state_dict() and keep only the buffers of the parameters this rank updates."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for i, p in enumerate(group["params"]):
+                if i % self.world_size != self.rank:
+                    self.state.pop(p, None)
 
 
 # ----------------------------------------------------------------------------- model
@@ -342,9 +389,7 @@ class GPT(nn.Module):
     def __init__(self, vocab_size, num_layers, num_heads, model_dim, max_seq_len=65536,
                  no_attention_layers=(7,), embed_dtype=torch.float32):
         super().__init__()
-        if model_dim % num_heads or (model_dim // num_heads) % 4:
-            raise ValueError(f"model_dim {model_dim} must split into {num_heads} heads whose "
-                             f"size is a multiple of 4 (rotary); change model_dim or num_heads")
+        check_heads(model_dim, num_heads)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         padded_vocab = next_multiple_of(vocab_size, 128)  # aligned matrices run faster
         num_ve = min(3, num_layers // 2)
@@ -380,6 +425,12 @@ class GPT(nn.Module):
         logits = self.lm_head(norm(x))
         logits = 15 * torch.tanh(logits / 15)  # soft cap, in the activation dtype
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets)
+
+
+def check_heads(model_dim, num_heads):
+    if num_heads <= 0 or model_dim % num_heads or (model_dim // num_heads) % 4:
+        raise ValueError(f"model_dim {model_dim} must split into {num_heads} heads whose size is "
+                         f"a multiple of 4 (rotary); change --model_dim or --num_heads")
 
 
 def check_tokens(inputs, vocab_size, max_seq_len):
@@ -473,6 +524,17 @@ class DistributedDataLoader:
         """Go back to the first token of the first shard."""
         self._load(0)
 
+    def state_dict(self):
+        return dict(shard=self.shard, pos=self.pos)
+
+    def load_state_dict(self, state):
+        """Continue from a state_dict(): the same shard and position."""
+        if not 0 <= state["shard"] < len(self.files):
+            raise ValueError(f"the saved position is in shard {state['shard']}, but only "
+                             f"{len(self.files)} shards match this loader's pattern")
+        self._load(state["shard"])
+        self.pos = state["pos"]
+
     def _read_async(self, index):
         return index, self.prefetcher.submit(read_shard, self.files[index], self.pin_memory)
 
@@ -550,16 +612,28 @@ def sequence_length(args, world_size):
 
 def check_config(args, world_size):
     """Refuse a configuration that cannot run, saying which values and how to fix them."""
-    positive = ["val_tokens", "batch_size", "micro_batch_size", "vocab_size", "num_layers",
-                "num_heads", "model_dim", "num_iterations"]
+    positive = ["val_tokens", "batch_size", "micro_batch_size", "num_layers", "num_heads",
+                "model_dim", "num_iterations"]
     for name in positive:
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name}={getattr(args, name)} must be positive")
-    for name in ["val_every", "warmup_steps"]:
+    for name in ["val_every", "warmup_steps", "seed", "checkpoint_every"]:
         if getattr(args, name) < 0:
             raise ValueError(f"--{name}={getattr(args, name)} must be 0 or more")
+    for name in ["embed_lr", "head_lr", "scalar_lr", "muon_lr"]:
+        if not 0 <= getattr(args, name) < float("inf"):
+            raise ValueError(f"--{name}={getattr(args, name)} must be a finite number, 0 or more")
     if not 0 <= args.cooldown_frac <= 1:
         raise ValueError(f"--cooldown_frac={args.cooldown_frac} must lie in [0, 1]")
+    if args.vocab_size <= EOT_TOKEN:
+        raise ValueError(f"--vocab_size={args.vocab_size} cannot hold the GPT-2 tokens of the "
+                         f"data (up to {EOT_TOKEN}); use {EOT_TOKEN + 1}")
+    check_heads(args.model_dim, args.num_heads)
+    if any(i < 0 for i in args.no_attention_layers):  # past the last layer: no such layer
+        raise ValueError(f"--no_attention_layers={','.join(map(str, args.no_attention_layers))}"
+                         f" must count layers from 0")
+    if not args.log_dir:
+        raise ValueError("--log_dir must name a folder")
     if args.batch_size % world_size:
         raise ValueError(f"--batch_size={args.batch_size} does not split over {world_size} ranks;"
                          f" use a multiple of {world_size}")
@@ -574,6 +648,18 @@ def check_config(args, world_size):
     if args.val_tokens % (world_size * args.micro_batch_size):
         raise ValueError(f"--val_tokens={args.val_tokens} must be a multiple of world size x "
                          f"micro batch = {world_size * args.micro_batch_size}")
+
+
+def check_log_dir(log_dir):
+    """Make the log folder, or say why it cannot be used. Every rank checks, so all stop alike."""
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--log_dir={log_dir}: cannot make the folder ({err.strerror}); "
+                         f"choose another with --log_dir") from None
+    if not os.access(log_dir, os.W_OK | os.X_OK):
+        raise ValueError(f"--log_dir={log_dir}: the folder is not writable; choose another "
+                         f"with --log_dir")
 
 
 def train_step(model, inputs, targets, window, seq_len):
@@ -616,13 +702,150 @@ def all_ranks_mean(x):
     return x
 
 
-def make_logger(args, rank):
+def training_state(model, adam, muon, loader):
+    """Everything the following steps depend on. Muon's part is a collective: all ranks call."""
+    return dict(model=model.state_dict(), adam=adam.state_dict(), muon=muon.state_dict(),
+                train_loader=loader.state_dict())
+
+
+def restore_training_state(state, model, adam, muon, loader):
+    model.load_state_dict(state["model"])
+    adam.load_state_dict(state["adam"])
+    muon.load_state_dict(state["muon"])
+    loader.load_state_dict(state["train_loader"])
+
+
+def checkpoints_in(folder):
+    """The complete checkpoints in `folder`, oldest first (a write in progress has another name)."""
+    found = {}
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = re.fullmatch(r"state_step(\d+)\.pt", name)
+        if match:
+            found[int(match[1])] = os.path.join(folder, name)
+    return [found[step] for step in sorted(found)]
+
+
+def write_checkpoint(state, path, keep=2):
+    """Save `state` to `path`, then delete all but the newest `keep` checkpoints in its folder.
+
+    The bytes go to a temporary name first and are renamed once complete, so a crash during the
+    write leaves the earlier checkpoints as they were.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path + ".partial"
+    with open(partial, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    for old in checkpoints_in(os.path.dirname(path))[:-keep]:
+        os.remove(old)
+
+
+def resume_path(args, run_id):
+    """The checkpoint to continue from, or "" to start afresh.
+
+    After torchrun restarts the workers (--max-restarts), the run's own newest checkpoint;
+    otherwise --resume, where a folder stands for its newest checkpoint.
+    """
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+        own = checkpoints_in(os.path.join(args.log_dir, run_id))
+        if own:
+            return own[-1]
+    if os.path.isdir(args.resume):
+        found = checkpoints_in(args.resume)
+        if not found:
+            raise FileNotFoundError(f"--resume={args.resume}: the folder holds no checkpoint "
+                                    f"(state_step*.pt)")
+        return found[-1]
+    return args.resume
+
+
+def load_checkpoint(path, args, world_size, device):
+    """Read a checkpoint, refusing one from another configuration with the differing fields."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--resume={path}: no such file")
+    try:  # whatever torch.load cannot read as plain tensors and containers is no checkpoint
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
+        raise ValueError(f"--resume={path} is not a readable checkpoint ({reason})") from None
+    keys = {"model", "adam", "muon", "train_loader", "step", "run_id", "world_size",
+            "hyperparameters", "train_time_ms"}
+    if not isinstance(state, dict) or not keys <= state.keys():
+        raise ValueError(f"--resume={path} is not a checkpoint of this script")
+    saved = dict(state["hyperparameters"], world_size=state["world_size"])
+    current = dict(dataclasses.asdict(args), world_size=world_size)
+    differing = [f"{name} (checkpoint {saved.get(name)!r}, now {value!r})"
+                 for name, value in current.items()
+                 if name not in RUN_FIELDS and saved.get(name) != value]
+    if differing:
+        raise ValueError(f"{path} comes from a different configuration: {'; '.join(differing)}."
+                         f" Resume with the checkpoint's values, or start a new run")
+    return state
+
+
+class TrainClock:
+    """Milliseconds spent training: validation and checkpoints run inside paused()."""
+
+    def __init__(self, device, elapsed_ms=0.0):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+        self.elapsed_ms = elapsed_ms  # up to the last pause
+        self.sync()
+        self.start = time.perf_counter()
+
+    def ms(self):
+        return self.elapsed_ms + 1e3 * (time.perf_counter() - self.start)
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.sync()
+        self.elapsed_ms = self.ms()
+        yield
+        self.sync()
+        self.start = time.perf_counter()
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """Turn Ctrl-C and SIGTERM into a request to stop, which the loop shares between ranks."""
+    received = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_if_not_finite(value, what, step, last_checkpoint, log):
+    """End the run on a NaN or infinity. Values are reduced over ranks, so all ranks stop alike."""
+    if math.isfinite(value):
+        return
+    found = (f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else
+             "no checkpoint was written (--checkpoint_every=K writes one every K steps)")
+    message = f"step {step}: the {what} is {value}, so the run stops here; {found}"
+    log(message)
+    raise FloatingPointError(message)
+
+
+def make_run_id():
+    """One id on every rank: torchrun's, which its restarted workers keep, or a new uuid."""
+    run_id = [os.environ.get("TORCHELASTIC_RUN_ID", "none")]
+    if run_id[0] == "none":
+        run_id = [str(uuid.uuid4())]
+        if dist.is_initialized():
+            dist.broadcast_object_list(run_id, src=0)
+    return run_id[0]
+
+
+def make_logger(args, rank, run_id):
     """Return log(line): print on rank 0 and append to logs/<run id>.txt, flushed each line."""
     if rank != 0:
         return lambda line, console=True: None
-    os.makedirs(args.log_dir, exist_ok=True)
-    path = os.path.join(args.log_dir, f"{uuid.uuid4()}.txt")
-    log_file = open(path, "w")
+    path = os.path.join(args.log_dir, f"{run_id}.txt")
+    log_file = open(path, "a")  # a restarted worker goes on with the same log
     print(f"logging to {path}")
 
     def log(line, console=True):
@@ -661,8 +884,13 @@ def setup_device():
     if cuda:
         torch.cuda.set_device(device)
     if "RANK" in os.environ:  # launched by torchrun, on one node or many
-        dist.init_process_group("nccl" if cuda else "gloo")
-        return dist.get_rank(), dist.get_world_size(), device
+        store, rank, world_size = next(dist.rendezvous("env://"))
+        # torchrun keeps its store when it restarts the workers: without a fresh prefix they
+        # would read the previous attempt's addresses and fail or hang while connecting
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
+                                store=dist.PrefixStore(f"attempt{attempt}", store))
+        return rank, world_size, device
     return 0, 1, device
 
 
@@ -680,6 +908,7 @@ def main(argv=None):
 def train(args, rank, world_size, device):
     """The speedrun proper. Returns the validation losses as {step: loss}."""
     check_config(args, world_size)
+    check_log_dir(args.log_dir)
     cuda = device.type == "cuda"
     seq_len = sequence_length(args, world_size)
     train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
@@ -688,8 +917,13 @@ def train(args, rank, world_size, device):
     if val_shard_tokens <= args.val_tokens:
         raise ValueError(f"{val_loader.files[0]} holds {val_shard_tokens} tokens, not more than "
                          f"--val_tokens={args.val_tokens}; validate on fewer tokens")
-    log = make_logger(args, rank)
+    run_id = make_run_id()
+    resume = resume_path(args, run_id)
+    checkpoint = load_checkpoint(resume, args, world_size, device) if resume else None
+    log = make_logger(args, rank, run_id)
     log_run_header(log, args, world_size, seq_len, train_loader.files, val_loader.files)
+    if checkpoint:
+        log(f"resuming from {resume}: step {checkpoint['step']} of run {checkpoint['run_id']}")
 
     torch.manual_seed(args.seed)  # built on the CPU: the same weights on every rank and device
     model = GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
@@ -715,38 +949,68 @@ def train(args, rank, world_size, device):
         ddp_model.zero_grad(set_to_none=True)
         return loss
 
-    # Compile and warm up on a few steps, then put everything back as it was: the timed run is
-    # exactly the run that would have happened without the warm-up.
-    initial = copy.deepcopy([model.state_dict(), adam.state_dict(), muon.state_dict()])
+    def checkpoint_path(step):
+        return os.path.join(args.log_dir, run_id, f"state_step{step:06d}.pt")
+
+    def save(step, train_time_ms, last_checkpoint):
+        """Write the state after `step` steps (rank 0 writes, all gather); return the path."""
+        started = time.perf_counter()
+        weight_norm = torch.stack([p.detach().float().norm() for p in model.parameters()]).norm()
+        stop_if_not_finite(weight_norm.item(), "norm of the weights", step, last_checkpoint, log)
+        path = checkpoint_path(step)
+        state = dict(training_state(model, adam, muon, train_loader), step=step, run_id=run_id,
+                     world_size=world_size, hyperparameters=dataclasses.asdict(args),
+                     train_time_ms=train_time_ms)
+        if rank == 0:
+            write_checkpoint(state, path)
+        if dist.is_initialized():
+            dist.barrier()  # no rank goes on, or exits, before the file is complete
+        log(f"checkpoint: step {step} written to {path} in "
+            f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
+        return path
+
+    # Compile and warm up on a few steps, then put everything back as it was (or as the
+    # checkpoint has it): the timed run is exactly the run that would have happened without.
+    state = checkpoint or copy.deepcopy(training_state(model, adam, muon, train_loader))
     for step in range(args.warmup_steps):
         step_once(step)
-    model.load_state_dict(initial[0])
-    adam.load_state_dict(initial[1])
-    muon.load_state_dict(initial[2])
-    train_loader.reset()
+    restore_training_state(state, model, adam, muon, train_loader)
+    first_step, train_time_ms = (checkpoint["step"], checkpoint["train_time_ms"]) if checkpoint \
+        else (0, 0.0)
+    del state, checkpoint
 
-    val_losses, train_time_ms = {}, 0.0
-    sync = torch.cuda.synchronize if cuda else lambda: None
-    sync()
-    start = time.perf_counter()
-    for step in range(args.num_iterations + 1):
-        last = step == args.num_iterations
-        if last or (args.val_every and step % args.val_every == 0):
-            sync()
-            train_time_ms += 1e3 * (time.perf_counter() - start)
-            window.fill_(window_blocks(step, args.num_iterations))
-            val_losses[step] = evaluate(compiled, val_loader, args, window, world_size).item()
-            log(f"step:{step}/{args.num_iterations} val_loss:{val_losses[step]:.4f} "
-                f"train_time:{train_time_ms:.0f}ms step_avg:{train_time_ms / max(step, 1):.2f}ms")
-            sync()
-            start = time.perf_counter()
-        if last:
-            break
-        loss = all_ranks_mean(step_once(step)).item()
-        elapsed_ms = train_time_ms + 1e3 * (time.perf_counter() - start)
-        log(f"step:{step + 1}/{args.num_iterations} train_time:{elapsed_ms:.0f}ms "
-            f"step_avg:{elapsed_ms / (step + 1):.2f}ms train_loss:{loss:.4f}")
+    val_losses, last_checkpoint = {}, resume
+    stop_requested = torch.zeros((), device=device)
+    with stop_signals() as received:
+        clock = TrainClock(device, train_time_ms)
+        for step in range(first_step, args.num_iterations + 1):
+            last = step == args.num_iterations
+            if last or (args.val_every and step % args.val_every == 0):
+                with clock.paused():
+                    window.fill_(window_blocks(step, args.num_iterations))
+                    loss = evaluate(compiled, val_loader, args, window, world_size).item()
+                    val_losses[step], ms = loss, clock.elapsed_ms
+                    log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} "
+                        f"train_time:{ms:.0f}ms step_avg:{ms / max(step, 1):.2f}ms")
+                    stop_if_not_finite(loss, "validation loss", step, last_checkpoint, log)
+            if last:
+                break
+            stop_requested.fill_(len(received) > 0)  # shared with the loss: no extra collective
+            loss, stop = all_ranks_mean(torch.stack([step_once(step), stop_requested])).tolist()
+            done, elapsed_ms = step + 1, clock.ms()
+            log(f"step:{done}/{args.num_iterations} train_time:{elapsed_ms:.0f}ms "
+                f"step_avg:{elapsed_ms / done:.2f}ms train_loss:{loss:.4f}")
+            stop_if_not_finite(loss, "training loss", done, last_checkpoint, log)
+            due = args.checkpoint_every and done % args.checkpoint_every == 0
+            if due or (stop and (args.checkpoint_every or args.save_checkpoint)):
+                with clock.paused():
+                    last_checkpoint = save(done, clock.elapsed_ms, last_checkpoint)
+            if stop:
+                log(f"interrupted at step {done}")
+                raise SystemExit(f"interrupted at step {done}")
 
+    if args.save_checkpoint and last_checkpoint != checkpoint_path(step):
+        save(step, clock.elapsed_ms, last_checkpoint)
     if cuda:
         log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
     else:  # ru_maxrss is in KiB on Linux
@@ -758,5 +1022,5 @@ def train(args, rank, world_size, device):
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, FloatingPointError) as err:
         sys.exit(f"error: {err}")

@@ -1,4 +1,6 @@
-"""Training section: command line, world-size invariance, warm-up restore, logs, records tool."""
+"""Training section: command line, bad input, world-size invariance, warm-up restore, logs."""
+import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -59,6 +61,72 @@ def test_impossible_configurations_are_refused(override, world_size, message):
         check_config(args, world_size)
 
 
+# Every hyperparameter with an impossible value: (argument, error, message). {tmp} is a folder
+# holding a text file, a tensor file, a truncated checkpoint and an empty folder.
+SWEEP = [
+    ("--train_files={tmp}/none_*.bin", FileNotFoundError, r"no shard matches .*cached_fineweb"),
+    ("--val_files={tmp}/none_*.bin", FileNotFoundError, r"no shard matches .*cached_fineweb"),
+    ("--val_tokens=0", ValueError, r"--val_tokens=0 must be positive"),
+    ("--val_tokens=1000", ValueError, r"--val_tokens=1000 must be a multiple of world size x"),
+    ("--val_tokens=169984", ValueError, r"holds 169501 tokens, not more than --val_tokens=169984"),
+    ("--batch_size=-512", ValueError, r"--batch_size=-512 must be positive"),
+    ("--batch_size=384", ValueError, r"384 tokens must split into sequences of 256"),
+    ("--micro_batch_size=0", ValueError, r"--micro_batch_size=0 must be positive"),
+    ("--micro_batch_size=200", ValueError, r"must split into sequences of 200, a multiple of 128"),
+    ("--vocab_size=50000", ValueError, r"--vocab_size=50000 cannot hold the GPT-2 tokens"),
+    ("--num_layers=0", ValueError, r"--num_layers=0 must be positive"),
+    ("--num_heads=-1", ValueError, r"--num_heads=-1 must be positive"),
+    ("--num_heads=3", ValueError, r"model_dim 64 must split into 3 heads .* --num_heads"),
+    ("--model_dim=0", ValueError, r"--model_dim=0 must be positive"),
+    ("--model_dim=66", ValueError, r"model_dim 66 must split into 1 heads whose size is a multip"),
+    ("--no_attention_layers=-1", ValueError, r"--no_attention_layers=-1 must count layers from 0"),
+    ("--num_iterations=0", ValueError, r"--num_iterations=0 must be positive"),
+    ("--cooldown_frac=1.5", ValueError, r"--cooldown_frac=1.5 must lie in \[0, 1\]"),
+    ("--embed_lr=-0.6", ValueError, r"--embed_lr=-0.6 must be a finite number, 0 or more"),
+    ("--head_lr=nan", ValueError, r"--head_lr=nan must be a finite number"),
+    ("--scalar_lr=inf", ValueError, r"--scalar_lr=inf must be a finite number"),
+    ("--muon_lr=-1", ValueError, r"--muon_lr=-1.0 must be a finite number"),
+    ("--val_every=-1", ValueError, r"--val_every=-1 must be 0 or more"),
+    ("--warmup_steps=-10", ValueError, r"--warmup_steps=-10 must be 0 or more"),
+    ("--seed=-1", ValueError, r"--seed=-1 must be 0 or more"),
+    ("--log_dir=", ValueError, r"--log_dir must name a folder"),
+    ("--log_dir={tmp}/notes.txt/logs", ValueError, r"logs: cannot make the folder \(Not a direc"),
+    ("--checkpoint_every=-1", ValueError, r"--checkpoint_every=-1 must be 0 or more"),
+    ("--save_checkpoint=sometimes", ValueError, r"--save_checkpoint=sometimes: expected bool"),
+    ("--resume={tmp}/missing.pt", FileNotFoundError, r"--resume=\S+missing.pt: no such file"),
+    ("--resume={tmp}/empty", FileNotFoundError, r"empty: the folder holds no checkpoint"),
+    ("--resume={tmp}/notes.txt", ValueError, r"notes.txt is not a readable checkpoint"),
+    ("--resume={tmp}/cut.pt", ValueError, r"cut.pt is not a readable checkpoint"),
+    ("--resume={tmp}/tensor.pt", ValueError, r"tensor.pt is not a checkpoint of this script"),
+]
+
+
+def test_the_sweep_covers_every_hyperparameter():
+    swept = {argument[2:].partition("=")[0] for argument, _, _ in SWEEP}
+    assert swept == {field.name for field in dataclasses.fields(Hyperparameters)}
+
+
+@pytest.mark.parametrize("argument, error, message", SWEEP, ids=[case[0] for case in SWEEP])
+def test_bad_input_stops_with_a_clear_message(argument, error, message, tmp_path):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / "empty").mkdir()
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    torch.save({"model": torch.zeros(1000)}, tmp_path / "whole.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:2000])
+    logs = tmp_path / "logs"
+    with pytest.raises(error, match=message):
+        main(TINY + [f"--log_dir={logs}", argument.format(tmp=tmp_path)])
+    assert not list(logs.glob("*.txt"))  # refused before the run starts
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder, so "
+                    "the check cannot fail when the tests run as root")
+def test_a_read_only_log_folder_is_refused(tmp_path):
+    tmp_path.chmod(0o555)
+    with pytest.raises(ValueError, match="the folder is not writable"):
+        main(TINY + [f"--log_dir={tmp_path}"])
+
+
 def launch(tmp_path, mode, nproc, argv):
     out = tmp_path / f"{mode}{nproc}"
     out.mkdir()
@@ -94,8 +162,8 @@ def test_warm_up_is_undone(tmp_path):
 
 
 def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
-    main(TINY + [f"--log_dir={tmp_path}"])
-    (log,) = tmp_path.glob("*.txt")
+    main(TINY + [f"--log_dir={tmp_path}/new/logs"])  # a missing folder is made
+    (log,) = (tmp_path / "new" / "logs").glob("*.txt")
     assert re.fullmatch(r"[0-9a-f-]{36}\.txt", log.name)
     text = log.read_text()
     assert text.startswith(Path(train_gpt.__file__).read_text())

@@ -2,9 +2,14 @@
 
     training_worker.py train OUT [--name=value ...]   runs train_gpt.main, saves its val losses
     training_worker.py grads OUT [--name=value ...]   one train_step, saves the gradients
+    training_worker.py crash OUT [...]   train, but the last rank dies in step 5 of the first
+                                         attempt (torchrun --max-restarts then starts it again)
+    training_worker.py nan OUT [...]     train, but the last rank's loss of step 5 is NaN;
+                                         each rank writes the error to OUT/stopped_rank<r>.txt
 
 Rank 0 writes OUT/result.pt.
 """
+import os
 import sys
 from pathlib import Path
 
@@ -34,10 +39,32 @@ def gradients(argv):
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+def break_step_5(mode):
+    """Wrap train_step so that on the last rank its 5th call dies or returns NaN."""
+    original, calls = train_gpt.train_step, []
+
+    def train_step(*args):
+        calls.append(None)
+        loss = original(*args)
+        if len(calls) == 5 and dist.get_rank() == dist.get_world_size() - 1:
+            if mode == "nan":
+                return torch.full_like(loss, float("nan"))
+            if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+                os._exit(1)  # no clean-up at all, as in a crash
+        return loss
+    train_gpt.train_step = train_step
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     mode, out, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
-    result = train_gpt.main(argv) if mode == "train" else gradients(argv)
+    if mode in ("crash", "nan"):
+        break_step_5(mode)
+    try:
+        result = gradients(argv) if mode == "grads" else train_gpt.main(argv)
+    except FloatingPointError as err:
+        (out / f"stopped_rank{os.environ['RANK']}.txt").write_text(str(err))
+        sys.exit(0)
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save(result, out / "result.pt")
     if dist.is_initialized():

@@ -1,0 +1,249 @@
+"""Training section, checkpoints: exact resume (1 and 2 ranks, after a torchrun restart, after
+Ctrl-C or SIGTERM), atomic writes and rotation, refused checkpoints, non-finite losses."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_gpt
+from test_training import TINY
+from train_gpt import checkpoints_in, main, write_checkpoint
+
+SIX = TINY + ["--num_iterations=6"]  # validation at steps 0, 2, 4 and 6
+WORKER = str(Path(__file__).resolve().parent / "training_worker.py")
+UNBUFFERED = dict(os.environ, PYTHONUNBUFFERED="1")  # step lines reach the pipe as printed
+
+
+def torchrun(mode, out, argv, nproc=2, launcher_args=()):
+    out.mkdir(exist_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", *launcher_args, WORKER, mode, str(out), *argv,
+               f"--log_dir={out}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def checkpoint(folder, step):
+    (path,) = Path(folder).glob(f"*/state_step{step:06d}.pt")
+    return path
+
+
+def logged_losses(folder, after):
+    """{line kind and step: the loss as printed} for the steps after `after`, from the log."""
+    (log,) = Path(folder).glob("*.txt")
+    found = {}
+    for match in re.finditer(r"^step:(\d+)/\d+ (val_loss:|train_time).*?(\d+\.\d{4})?$",
+                             log.read_text(), re.MULTILINE):
+        if int(match[1]) > after:
+            found[match[2][:3], int(match[1])] = re.search(r"loss:(\d+\.\d+)", match[0])[1]
+    return found
+
+
+def assert_same_state(a, b):
+    """Two checkpoints hold the same training state, bit for bit."""
+    a, b = (torch.load(path, weights_only=True) for path in (a, b))
+    assert a["step"] == b["step"] and a["train_loader"] == b["train_loader"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for part in ("adam", "muon"):
+        assert a[part]["state"].keys() == b[part]["state"].keys(), part
+        for index, state in a[part]["state"].items():
+            for key, value in state.items():
+                assert torch.equal(value, b[part]["state"][index][key]), (part, index, key)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """Six steps in one process with a checkpoint every three: the run to match."""
+    folder = tmp_path_factory.mktemp("straight")
+    main(SIX + [f"--log_dir={folder}", "--checkpoint_every=3"])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def straight_two_ranks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("straight2")
+    result = torchrun("train", folder, SIX + ["--checkpoint_every=3"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def test_resume_continues_exactly(straight, tmp_path):
+    main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3)}",
+                "--save_checkpoint"])
+    assert_same_state(checkpoint(straight, 6), checkpoint(tmp_path, 6))
+    resumed = logged_losses(tmp_path, after=3)
+    assert list(resumed) == [("tra", 4), ("val", 4), ("tra", 5), ("tra", 6), ("val", 6)]
+    assert resumed == logged_losses(straight, after=3)
+
+
+def test_resume_with_two_ranks_keeps_every_ranks_muon_momentum(straight_two_ranks, tmp_path):
+    saved = torch.load(checkpoint(straight_two_ranks, 3), weights_only=True)
+    assert saved["world_size"] == 2
+    muon_params = [i for group in saved["muon"]["param_groups"] for i in group["params"]]
+    assert sorted(saved["muon"]["state"]) == sorted(muon_params)  # rank 1's buffers too
+    result = torchrun("train", tmp_path, SIX + [f"--resume={checkpoint(straight_two_ranks, 3)}",
+                                                "--save_checkpoint"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_state(checkpoint(straight_two_ranks, 6), checkpoint(tmp_path, 6))
+    assert logged_losses(tmp_path, after=3) == logged_losses(straight_two_ranks, after=3)
+
+
+def test_torchrun_restart_resumes_from_the_newest_checkpoint(straight_two_ranks, tmp_path):
+    result = torchrun("crash", tmp_path, SIX + ["--checkpoint_every=2"],
+                      launcher_args=["--max-restarts=1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = next(tmp_path.glob("*.txt")).read_text()
+    assert re.search(r"resuming from \S+state_step000004\.pt: step 4 of run", text)
+    assert_same_state(checkpoint(straight_two_ranks, 6), checkpoint(tmp_path, 6))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_after_the_step_with_a_checkpoint(sig, straight, tmp_path):
+    command = [sys.executable, str(Path(train_gpt.__file__)), *SIX, f"--log_dir={tmp_path}",
+               "--checkpoint_every=100"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=UNBUFFERED)
+    for line in process.stdout:  # interrupt once the first step is done
+        if line.startswith("step:1/6"):
+            process.send_signal(sig)
+            break
+    _, stderr = process.communicate(timeout=120)
+    stopped = int(re.search(r"interrupted at step (\d)", stderr)[1])
+    assert process.returncode == 1 and 1 <= stopped < 6
+    lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
+    assert lines[-1] == f"interrupted at step {stopped}"
+    assert lines[-2].startswith(f"checkpoint: step {stopped} written to ")
+    main(SIX + [f"--log_dir={tmp_path / 'resumed'}", f"--resume={checkpoint(tmp_path, stopped)}",
+                "--save_checkpoint"])
+    assert_same_state(checkpoint(straight, 6), checkpoint(tmp_path / "resumed", 6))
+
+
+def test_torchrun_interrupted_stops_every_rank_at_one_step(straight_two_ranks, tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", WORKER, "train", str(tmp_path), *SIX,
+               f"--log_dir={tmp_path}", "--checkpoint_every=100"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=UNBUFFERED)
+    for line in process.stdout:
+        if line.startswith("step:1/6"):
+            process.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
+            break
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
+    stopped = int(re.fullmatch(r"interrupted at step (\d)", lines[-1])[1])
+    # rank 0's log line, then each rank's exit message: both ranks stopped after the same step
+    assert re.findall(r"interrupted at step (\d+)", output) == [str(stopped)] * 3
+    resumed = tmp_path / "resumed"
+    result = torchrun("train", resumed, SIX + [f"--resume={checkpoint(tmp_path, stopped)}",
+                                               "--save_checkpoint"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_state(checkpoint(straight_two_ranks, 6), checkpoint(resumed, 6))
+
+
+def test_checkpoint_writes_are_atomic_and_keep_the_newest_two(tmp_path, monkeypatch):
+    for step in range(1, 5):
+        write_checkpoint({"step": step}, str(tmp_path / f"state_step{step:06d}.pt"))
+    assert [Path(p).name for p in checkpoints_in(str(tmp_path))] == [
+        "state_step000003.pt", "state_step000004.pt"]
+
+    def crash_mid_write(state, f):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", crash_mid_write)
+    with pytest.raises(OSError, match="disk full"):
+        write_checkpoint({"step": 5}, str(tmp_path / "state_step000005.pt"))
+    assert [Path(p).name for p in checkpoints_in(str(tmp_path))] == [
+        "state_step000003.pt", "state_step000004.pt"]
+    assert torch.load(checkpoints_in(str(tmp_path))[-1], weights_only=True) == {"step": 4}
+
+
+def test_checkpoint_time_is_not_train_time(tmp_path, monkeypatch):
+    original = train_gpt.write_checkpoint
+
+    def slow(state, path):
+        time.sleep(3)
+        original(state, path)
+    monkeypatch.setattr(train_gpt, "write_checkpoint", slow)
+    main(TINY + ["--num_iterations=2", "--checkpoint_every=1", f"--log_dir={tmp_path}"])
+    text = next(tmp_path.glob("*.txt")).read_text()
+    times = [int(t) for t in re.findall(r"^step:\d/2 train_time:(\d+)ms", text, re.MULTILINE)]
+    assert len(times) == 2 and times[1] - times[0] < 3000, times
+    written = re.findall(r"^checkpoint: step (\d) written to (\S+) in (\d+)ms", text, re.MULTILINE)
+    assert [step for step, _, _ in written] == ["1", "2"]
+    assert all(int(ms) >= 3000 for _, _, ms in written)
+    assert [Path(path).name for _, path, _ in written] == [
+        Path(p).name for p in checkpoints_in(str(Path(written[0][1]).parent))]
+
+
+def test_a_checkpoint_from_another_configuration_is_refused(straight, straight_two_ranks,
+                                                           tmp_path):
+    with pytest.raises(ValueError, match=r"comes from a different configuration: model_dim "
+                       r"\(checkpoint 64, now 128\); muon_lr \(checkpoint 0.05, now 0.1\)\."):
+        main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3)}",
+                    "--model_dim=128", "--muon_lr=0.1"])
+    with pytest.raises(ValueError, match=r"world_size \(checkpoint 2, now 1\)"):
+        main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight_two_ranks, 3)}"])
+    # what does not change the weights may change; a folder stands for its newest checkpoint
+    main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3).parent}",
+                "--val_every=0"])
+    text = next(tmp_path.glob("*.txt")).read_text()
+    assert f"resuming from {checkpoint(straight, 6)}: step 6 of run" in text
+
+
+def fail_at_call(monkeypatch, name, call, make_loss):
+    """Let train_gpt.<name> return make_loss(its result) at its `call`-th call."""
+    original, calls = getattr(train_gpt, name), []
+
+    def wrapped(*args):
+        calls.append(None)
+        result = original(*args)
+        return make_loss(result, *args) if len(calls) == call else result
+    monkeypatch.setattr(train_gpt, name, wrapped)
+
+
+def test_a_non_finite_training_loss_stops_the_run(tmp_path, monkeypatch):
+    fail_at_call(monkeypatch, "train_step", 5, lambda loss, *_: loss * float("nan"))
+    with pytest.raises(FloatingPointError, match=r"step 5: the training loss is nan, so the run "
+                       r"stops here; the last good checkpoint is \S+state_step000004\.pt"):
+        main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=2"])
+    last = next(tmp_path.glob("*.txt")).read_text().splitlines()[-1]
+    assert last.startswith("step 5: the training loss is nan")
+
+
+def test_a_non_finite_validation_loss_stops_the_run(tmp_path, monkeypatch):
+    fail_at_call(monkeypatch, "evaluate", 2, lambda loss, *_: loss + float("inf"))
+    with pytest.raises(FloatingPointError, match=r"step 2: the validation loss is inf, so the run"
+                       r" stops here; no checkpoint was written \(--checkpoint_every=K"):
+        main(SIX + [f"--log_dir={tmp_path}"])
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path, monkeypatch):
+    def poison(loss, model, *_):
+        with torch.no_grad():
+            model.lm_head.weight[0, 0] = float("nan")
+        return loss
+    fail_at_call(monkeypatch, "train_step", 3, poison)
+    with pytest.raises(FloatingPointError, match=r"step 3: the norm of the weights is nan, so "
+                       r"the run stops here; the last good checkpoint is \S+state_step000002\.pt"):
+        main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=1"])
+    assert [Path(p).name for p in checkpoints_in(str(next(tmp_path.glob("*/"))))] == [
+        "state_step000001.pt", "state_step000002.pt"]
+
+
+def test_a_non_finite_loss_on_one_rank_stops_all_ranks(tmp_path):
+    """The workers exit cleanly after the error, so a rank left waiting would hang the test."""
+    result = torchrun("nan", tmp_path, SIX + ["--checkpoint_every=2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()
+        assert stopped.startswith("step 5: the training loss is nan"), stopped
+    last = next(tmp_path.glob("*.txt")).read_text().splitlines()[-1]
+    assert re.fullmatch(r"step 5: the training loss is nan, so the run stops here; the last "
+                        r"good checkpoint is \S+state_step000004\.pt", last)
