@@ -995,8 +995,9 @@ def train(args, rank, world_size, device):
                     stop_if_not_finite(loss, "validation loss", step, last_checkpoint, log)
             if last:
                 break
+            loss = step_once(step)
             stop_requested.fill_(len(received) > 0)  # shared with the loss: no extra collective
-            loss, stop = all_ranks_mean(torch.stack([step_once(step), stop_requested])).tolist()
+            loss, stop = all_ranks_mean(torch.stack([loss, stop_requested])).tolist()
             done, elapsed_ms = step + 1, clock.ms()
             log(f"step:{done}/{args.num_iterations} train_time:{elapsed_ms:.0f}ms "
                 f"step_avg:{elapsed_ms / done:.2f}ms train_loss:{loss:.4f}")

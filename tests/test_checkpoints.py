@@ -20,12 +20,12 @@ WORKER = str(Path(__file__).resolve().parent / "training_worker.py")
 UNBUFFERED = dict(os.environ, PYTHONUNBUFFERED="1")  # step lines reach the pipe as printed
 
 
-def torchrun(mode, out, argv, nproc=2, launcher_args=()):
+def torchrun(mode, out, argv, nproc=2, launcher_args=(), timeout=300):
     out.mkdir(exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", *launcher_args, WORKER, mode, str(out), *argv,
                f"--log_dir={out}"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 def checkpoint(folder, step):
@@ -100,6 +100,7 @@ def test_torchrun_restart_resumes_from_the_newest_checkpoint(straight_two_ranks,
     assert result.returncode == 0, result.stderr[-3000:]
     text = next(tmp_path.glob("*.txt")).read_text()
     assert re.search(r"resuming from \S+state_step000004\.pt: step 4 of run", text)
+    assert len(re.findall(r"^step:4/6 val_loss:", text, re.MULTILINE)) == 2  # one log, appended
     assert_same_state(checkpoint(straight_two_ranks, 6), checkpoint(tmp_path, 6))
 
 
@@ -145,6 +146,17 @@ def test_torchrun_interrupted_stops_every_rank_at_one_step(straight_two_ranks, t
                                                "--save_checkpoint"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_state(checkpoint(straight_two_ranks, 6), checkpoint(resumed, 6))
+
+
+def test_a_signal_to_one_rank_stops_every_rank(tmp_path):
+    """The request travels with the loss: a rank stopping alone would leave the other waiting."""
+    result = torchrun("sigterm", tmp_path, SIX + ["--checkpoint_every=100"], timeout=120)
+    assert result.returncode != 0
+    lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
+    assert lines[-2].startswith("checkpoint: step 5 written to ")
+    assert lines[-1] == "interrupted at step 5"
+    assert result.stderr.count("interrupted at step 5") == 2  # each rank's exit message
+    assert torch.load(checkpoint(tmp_path, 5), weights_only=True)["step"] == 5
 
 
 def test_checkpoint_writes_are_atomic_and_keep_the_newest_two(tmp_path, monkeypatch):
@@ -239,7 +251,7 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path, monkeypatch):
 
 def test_a_non_finite_loss_on_one_rank_stops_all_ranks(tmp_path):
     """The workers exit cleanly after the error, so a rank left waiting would hang the test."""
-    result = torchrun("nan", tmp_path, SIX + ["--checkpoint_every=2"])
+    result = torchrun("nan", tmp_path, SIX + ["--checkpoint_every=2"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()

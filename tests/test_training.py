@@ -1,5 +1,6 @@
 """Training section: command line, bad input, world-size invariance, warm-up restore, logs."""
 import dataclasses
+import datetime
 import os
 import re
 import subprocess
@@ -62,7 +63,8 @@ def test_impossible_configurations_are_refused(override, world_size, message):
 
 
 # Every hyperparameter with an impossible value: (argument, error, message). {tmp} is a folder
-# holding a text file, a tensor file, a truncated checkpoint and an empty folder.
+# holding a text file, a tensor file, a truncated file, a pickled object that is not plain data
+# (only weights_only=False would load it) and an empty folder.
 SWEEP = [
     ("--train_files={tmp}/none_*.bin", FileNotFoundError, r"no shard matches .*cached_fineweb"),
     ("--val_files={tmp}/none_*.bin", FileNotFoundError, r"no shard matches .*cached_fineweb"),
@@ -98,6 +100,7 @@ SWEEP = [
     ("--resume={tmp}/notes.txt", ValueError, r"notes.txt is not a readable checkpoint"),
     ("--resume={tmp}/cut.pt", ValueError, r"cut.pt is not a readable checkpoint"),
     ("--resume={tmp}/tensor.pt", ValueError, r"tensor.pt is not a checkpoint of this script"),
+    ("--resume={tmp}/date.pt", ValueError, r"date.pt is not a readable checkpoint \(Unpickling"),
 ]
 
 
@@ -111,6 +114,7 @@ def test_bad_input_stops_with_a_clear_message(argument, error, message, tmp_path
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     (tmp_path / "empty").mkdir()
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    torch.save(datetime.date(2026, 11, 22), tmp_path / "date.pt")
     torch.save({"model": torch.zeros(1000)}, tmp_path / "whole.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:2000])
     logs = tmp_path / "logs"

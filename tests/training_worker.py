@@ -6,10 +6,12 @@
                                          attempt (torchrun --max-restarts then starts it again)
     training_worker.py nan OUT [...]     train, but the last rank's loss of step 5 is NaN;
                                          each rank writes the error to OUT/stopped_rank<r>.txt
+    training_worker.py sigterm OUT [...] train, but the last rank alone gets SIGTERM in step 5
 
 Rank 0 writes OUT/result.pt.
 """
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def gradients(argv):
 
 
 def break_step_5(mode):
-    """Wrap train_step so that on the last rank its 5th call dies or returns NaN."""
+    """Wrap train_step so that on the last rank its 5th call dies, returns NaN or gets SIGTERM."""
     original, calls = train_gpt.train_step, []
 
     def train_step(*args):
@@ -49,7 +51,9 @@ def break_step_5(mode):
         if len(calls) == 5 and dist.get_rank() == dist.get_world_size() - 1:
             if mode == "nan":
                 return torch.full_like(loss, float("nan"))
-            if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            if mode == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
+            if mode == "crash" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
                 os._exit(1)  # no clean-up at all, as in a crash
         return loss
     train_gpt.train_step = train_step
@@ -58,7 +62,7 @@ def break_step_5(mode):
 if __name__ == "__main__":
     torch.set_num_threads(1)
     mode, out, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
-    if mode in ("crash", "nan"):
+    if mode in ("crash", "nan", "sigterm"):
         break_step_5(mode)
     try:
         result = gradients(argv) if mode == "grads" else train_gpt.main(argv)
