@@ -65,9 +65,9 @@ class Hyperparameters:
     resume: str = ""  # continue from this checkpoint (a folder: its newest)
 
 
-# A resumed run may change these: they do not change the trained weights.
-RUN_FIELDS = {"val_every", "warmup_steps", "log_dir", "checkpoint_every", "save_checkpoint",
-              "resume"}
+# A resumed run may change these: they change neither the batches nor the weights.
+RUN_FIELDS = {"val_files", "val_tokens", "val_every", "warmup_steps", "log_dir",
+              "checkpoint_every", "save_checkpoint", "resume"}
 
 
 # A small model on the embedded Shakespeare sample: checks a setup on a CPU in about 2 minutes.
@@ -739,19 +739,41 @@ def write_checkpoint(state, path, keep=2):
         os.fsync(f.fileno())
     os.replace(partial, path)
     for old in checkpoints_in(os.path.dirname(path))[:-keep]:
-        os.remove(old)
+        if old != path:
+            os.remove(old)
+
+
+def on_rank_0(fn, *args):
+    """fn(*args) run by rank 0 alone; every rank gets its result, or raises its error.
+
+    Every rank waits here until rank 0 is done, and none is left waiting when rank 0 fails.
+    """
+    outcome = [None, None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            outcome[0] = fn(*args)
+        except (ValueError, OSError) as err:
+            outcome[1] = err
+    if dist.is_initialized():
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[1] is not None:
+        raise outcome[1]
+    return outcome[0]
 
 
 def resume_path(args, run_id):
-    """The checkpoint to continue from, or "" to start afresh.
+    """The checkpoint to continue from, or "" to start afresh (rank 0 decides, in on_rank_0).
 
     After torchrun restarts the workers (--max-restarts), the run's own newest checkpoint;
     otherwise --resume, where a folder stands for its newest checkpoint.
     """
+    own_folder = os.path.join(args.log_dir, run_id)
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
-        own = checkpoints_in(os.path.join(args.log_dir, run_id))
-        if own:
-            return own[-1]
+        if checkpoints_in(own_folder):
+            return checkpoints_in(own_folder)[-1]
+    elif os.path.exists(own_folder + ".txt") or os.path.exists(own_folder):
+        raise ValueError(f"run id {run_id} is taken: {own_folder}.txt or {own_folder}/ exists; "
+                         f"give torchrun a new --rdzv-id (or continue with --resume)")
     if os.path.isdir(args.resume):
         found = checkpoints_in(args.resume)
         if not found:
@@ -761,12 +783,12 @@ def resume_path(args, run_id):
     return args.resume
 
 
-def load_checkpoint(path, args, world_size, device):
+def load_checkpoint(path, args, world_size):
     """Read a checkpoint, refusing one from another configuration with the differing fields."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--resume={path}: no such file")
     try:  # whatever torch.load cannot read as plain tensors and containers is no checkpoint
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
         raise ValueError(f"--resume={path} is not a readable checkpoint ({reason})") from None
@@ -781,7 +803,8 @@ def load_checkpoint(path, args, world_size, device):
                  if name not in RUN_FIELDS and saved.get(name) != value]
     if differing:
         raise ValueError(f"{path} comes from a different configuration: {'; '.join(differing)}."
-                         f" Resume with the checkpoint's values, or start a new run")
+                         f" Resume with the checkpoint's values (the world size is torchrun's "
+                         f"--nproc_per_node x --nnodes), or start a new run")
     return state
 
 
@@ -918,8 +941,8 @@ def train(args, rank, world_size, device):
         raise ValueError(f"{val_loader.files[0]} holds {val_shard_tokens} tokens, not more than "
                          f"--val_tokens={args.val_tokens}; validate on fewer tokens")
     run_id = make_run_id()
-    resume = resume_path(args, run_id)
-    checkpoint = load_checkpoint(resume, args, world_size, device) if resume else None
+    resume = on_rank_0(resume_path, args, run_id)
+    checkpoint = load_checkpoint(resume, args, world_size) if resume else None
     log = make_logger(args, rank, run_id)
     log_run_header(log, args, world_size, seq_len, train_loader.files, val_loader.files)
     if checkpoint:
@@ -961,10 +984,12 @@ def train(args, rank, world_size, device):
         state = dict(training_state(model, adam, muon, train_loader), step=step, run_id=run_id,
                      world_size=world_size, hyperparameters=dataclasses.asdict(args),
                      train_time_ms=train_time_ms)
-        if rank == 0:
-            write_checkpoint(state, path)
-        if dist.is_initialized():
-            dist.barrier()  # no rank goes on, or exits, before the file is complete
+        try:
+            on_rank_0(write_checkpoint, state, path)
+        except OSError as err:
+            message = f"cannot write the checkpoint {path} ({err}); free space or change --log_dir"
+            log(message)
+            raise OSError(message) from None
         log(f"checkpoint: step {step} written to {path} in "
             f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
         return path
@@ -975,9 +1000,9 @@ def train(args, rank, world_size, device):
     for step in range(args.warmup_steps):
         step_once(step)
     restore_training_state(state, model, adam, muon, train_loader)
-    first_step, train_time_ms = (checkpoint["step"], checkpoint["train_time_ms"]) if checkpoint \
-        else (0, 0.0)
-    del state, checkpoint
+    first_step = checkpoint["step"] if checkpoint else 0
+    train_time_ms = checkpoint["train_time_ms"] if checkpoint else 0.0
+    del state, checkpoint  # the weights and optimizer states now live in the model and optimizers
 
     val_losses, last_checkpoint = {}, resume
     stop_requested = torch.zeros((), device=device)
@@ -988,11 +1013,11 @@ def train(args, rank, world_size, device):
             if last or (args.val_every and step % args.val_every == 0):
                 with clock.paused():
                     window.fill_(window_blocks(step, args.num_iterations))
-                    loss = evaluate(compiled, val_loader, args, window, world_size).item()
-                    val_losses[step], ms = loss, clock.elapsed_ms
-                    log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} "
+                    val_loss = evaluate(compiled, val_loader, args, window, world_size).item()
+                    val_losses[step], ms = val_loss, clock.elapsed_ms
+                    log(f"step:{step}/{args.num_iterations} val_loss:{val_loss:.4f} "
                         f"train_time:{ms:.0f}ms step_avg:{ms / max(step, 1):.2f}ms")
-                    stop_if_not_finite(loss, "validation loss", step, last_checkpoint, log)
+                    stop_if_not_finite(val_loss, "validation loss", step, last_checkpoint, log)
             if last:
                 break
             loss = step_once(step)
@@ -1007,8 +1032,11 @@ def train(args, rank, world_size, device):
                 with clock.paused():
                     last_checkpoint = save(done, clock.elapsed_ms, last_checkpoint)
             if stop:
-                log(f"interrupted at step {done}")
-                raise SystemExit(f"interrupted at step {done}")
+                message = f"interrupted at step {done}; " + (
+                    f"continue with --resume={last_checkpoint}" if last_checkpoint else
+                    "no checkpoint (--checkpoint_every or --save_checkpoint write one)")
+                log(message)
+                raise SystemExit(message)
 
     if args.save_checkpoint and last_checkpoint != checkpoint_path(step):
         save(step, clock.elapsed_ms, last_checkpoint)
@@ -1023,5 +1051,5 @@ def train(args, rank, world_size, device):
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, FileNotFoundError, FloatingPointError) as err:
+    except (ValueError, OSError, FloatingPointError) as err:
         sys.exit(f"error: {err}")

@@ -74,8 +74,11 @@ def straight_two_ranks(tmp_path_factory):
 
 
 def test_resume_continues_exactly(straight, tmp_path):
+    """Also with warm-up steps before the restore, and checkpoints every 4 then at the end."""
     main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3)}",
-                "--save_checkpoint"])
+                "--warmup_steps=2", "--checkpoint_every=4", "--save_checkpoint"])
+    assert [Path(p).name for p in checkpoints_in(str(checkpoint(tmp_path, 6).parent))] == [
+        "state_step000004.pt", "state_step000006.pt"]
     assert_same_state(checkpoint(straight, 6), checkpoint(tmp_path, 6))
     resumed = logged_losses(tmp_path, after=3)
     assert list(resumed) == [("tra", 4), ("val", 4), ("tra", 5), ("tra", 6), ("val", 6)]
@@ -118,7 +121,8 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint(sig, straight, tmp_path
     stopped = int(re.search(r"interrupted at step (\d)", stderr)[1])
     assert process.returncode == 1 and 1 <= stopped < 6
     lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
-    assert lines[-1] == f"interrupted at step {stopped}"
+    assert lines[-1] == (f"interrupted at step {stopped}; continue with "
+                         f"--resume={checkpoint(tmp_path, stopped)}")
     assert lines[-2].startswith(f"checkpoint: step {stopped} written to ")
     main(SIX + [f"--log_dir={tmp_path / 'resumed'}", f"--resume={checkpoint(tmp_path, stopped)}",
                 "--save_checkpoint"])
@@ -138,7 +142,7 @@ def test_torchrun_interrupted_stops_every_rank_at_one_step(straight_two_ranks, t
     output, _ = process.communicate(timeout=120)
     assert process.returncode != 0
     lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
-    stopped = int(re.fullmatch(r"interrupted at step (\d)", lines[-1])[1])
+    stopped = int(re.match(r"interrupted at step (\d); continue with --resume=", lines[-1])[1])
     # rank 0's log line, then each rank's exit message: both ranks stopped after the same step
     assert re.findall(r"interrupted at step (\d+)", output) == [str(stopped)] * 3
     resumed = tmp_path / "resumed"
@@ -154,9 +158,28 @@ def test_a_signal_to_one_rank_stops_every_rank(tmp_path):
     assert result.returncode != 0
     lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
     assert lines[-2].startswith("checkpoint: step 5 written to ")
-    assert lines[-1] == "interrupted at step 5"
+    assert lines[-1].startswith("interrupted at step 5; continue with --resume=")
     assert result.stderr.count("interrupted at step 5") == 2  # each rank's exit message
     assert torch.load(checkpoint(tmp_path, 5), weights_only=True)["step"] == 5
+
+
+def test_a_failed_write_stops_every_rank(tmp_path):
+    """Rank 0 writes alone; its OSError must reach rank 1, which would otherwise wait."""
+    result = torchrun("diskfull", tmp_path, SIX + ["--checkpoint_every=2"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()
+        assert re.fullmatch(r"cannot write the checkpoint \S+state_step000002\.pt \(\[Errno 28\] "
+                            r"No space left on device\); free space or change --log_dir", stopped)
+
+
+def test_a_taken_run_id_is_refused(tmp_path, monkeypatch):
+    """A second job with the same torchrun --rdzv-id must not take over the first one's files."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job1")
+    main(TINY + [f"--log_dir={tmp_path}", "--num_iterations=1"])
+    with pytest.raises(ValueError, match=r"run id job1 is taken: \S+job1.txt or \S+job1/ exists;"
+                       r" give torchrun a new --rdzv-id"):
+        main(TINY + [f"--log_dir={tmp_path}"])
 
 
 def test_checkpoint_writes_are_atomic_and_keep_the_newest_two(tmp_path, monkeypatch):

@@ -87,6 +87,27 @@ def test_reset_restarts_from_the_first_token(tmp_path):
     assert [t.tolist() for t in loader.next_batch(64)] == first
 
 
+# saved inside shard 0, at its end, inside shard 2, at the end of the last shard (wraps)
+@pytest.mark.parametrize("saved_after", [3, 5, 7, 9])
+def test_a_saved_position_continues_the_stream(tmp_path, saved_after):
+    shards, pattern = make_shards(tmp_path, [500, 193, 300])
+    expected = reference_stream(shards, 96, 2, 14)
+    loader = DistributedDataLoader(pattern, 1, 2)
+    for _ in range(saved_after):
+        loader.next_batch(96)
+    resumed = DistributedDataLoader(pattern, 1, 2)
+    resumed.load_state_dict(loader.state_dict())
+    for step in range(saved_after, 14):
+        inputs, targets = resumed.next_batch(96)
+        assert (inputs.tolist(), targets.tolist()) == expected[step][1], step
+
+
+def test_a_position_past_the_shards_is_refused(tmp_path):
+    _, pattern = make_shards(tmp_path, [300, 300])
+    with pytest.raises(ValueError, match="saved position is in shard 2, but only 2 shards match"):
+        DistributedDataLoader(pattern, 0, 1).load_state_dict(dict(shard=2, pos=0))
+
+
 def test_next_shard_is_read_in_the_background(tmp_path):
     _, pattern = make_shards(tmp_path, [300, 300, 300])
     loader = DistributedDataLoader(pattern, 0, 1)

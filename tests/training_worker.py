@@ -7,6 +7,8 @@
     training_worker.py nan OUT [...]     train, but the last rank's loss of step 5 is NaN;
                                          each rank writes the error to OUT/stopped_rank<r>.txt
     training_worker.py sigterm OUT [...] train, but the last rank alone gets SIGTERM in step 5
+    training_worker.py diskfull OUT [...] train, but rank 0 cannot write checkpoints; each rank
+                                         writes the error to OUT/stopped_rank<r>.txt
 
 Rank 0 writes OUT/result.pt.
 """
@@ -64,9 +66,13 @@ if __name__ == "__main__":
     mode, out, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     if mode in ("crash", "nan", "sigterm"):
         break_step_5(mode)
+    if mode == "diskfull" and os.environ["RANK"] == "0":
+        def write_checkpoint(state, path):
+            raise OSError(28, "No space left on device")
+        train_gpt.write_checkpoint = write_checkpoint
     try:
         result = gradients(argv) if mode == "grads" else train_gpt.main(argv)
-    except FloatingPointError as err:
+    except (FloatingPointError, OSError) as err:
         (out / f"stopped_rank{os.environ['RANK']}.txt").write_text(str(err))
         sys.exit(0)
     if not dist.is_initialized() or dist.get_rank() == 0:
