@@ -197,6 +197,9 @@ def test_checkpoint_writes_are_atomic_and_keep_the_newest_two(tmp_path, monkeypa
     assert [Path(p).name for p in checkpoints_in(str(tmp_path))] == [
         "state_step000003.pt", "state_step000004.pt"]
     assert torch.load(checkpoints_in(str(tmp_path))[-1], weights_only=True) == {"step": 4}
+    monkeypatch.undo()
+    write_checkpoint({"step": 2}, str(tmp_path / "state_step000002.pt"))  # older than the rest
+    assert (tmp_path / "state_step000002.pt").exists()  # what was just written is never deleted
 
 
 def test_checkpoint_time_is_not_train_time(tmp_path, monkeypatch):
