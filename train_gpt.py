@@ -769,8 +769,9 @@ def resume_path(args, run_id):
     """
     own_folder = os.path.join(args.log_dir, run_id)
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
-        if checkpoints_in(own_folder):
-            return checkpoints_in(own_folder)[-1]
+        own = checkpoints_in(own_folder)
+        if own:
+            return own[-1]
     elif os.path.exists(own_folder + ".txt") or os.path.exists(own_folder):
         raise ValueError(f"run id {run_id} is taken: {own_folder}.txt or {own_folder}/ exists; "
                          f"give torchrun a new --rdzv-id (or continue with --resume)")
@@ -855,12 +856,8 @@ def stop_if_not_finite(value, what, step, last_checkpoint, log):
 
 def make_run_id():
     """One id on every rank: torchrun's, which its restarted workers keep, or a new uuid."""
-    run_id = [os.environ.get("TORCHELASTIC_RUN_ID", "none")]
-    if run_id[0] == "none":
-        run_id = [str(uuid.uuid4())]
-        if dist.is_initialized():
-            dist.broadcast_object_list(run_id, src=0)
-    return run_id[0]
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return run_id if run_id != "none" else on_rank_0(lambda: str(uuid.uuid4()))
 
 
 def make_logger(args, rank, run_id):
