@@ -414,7 +414,8 @@ class GPT(nn.Module):
         make_mask = build_block_mask if inputs.is_cuda else dense_attention_mask
         mask = make_mask(inputs, window_blocks)
         x = x0 = norm(self.embed(inputs)[None])
-        ve = [None if i is None else self.value_embeds[i](inputs) for i in self.ve_index]
+        tables = [table(inputs) for table in self.value_embeds]  # once each, shared by 2 layers
+        ve = [None if i is None else tables[i] for i in self.ve_index]
         skips = []
         for i, block in enumerate(self.blocks):
             if i >= self.num_encoder_layers and skips:

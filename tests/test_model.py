@@ -254,6 +254,21 @@ def test_every_parameter_gets_a_finite_gradient():
         assert torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, name
 
 
+def test_each_value_embedding_table_is_looked_up_once():
+    """Both layers of a table take one lookup: a second would add a dense embedding backward."""
+    torch.manual_seed(0)
+    model = perturbed(GPT(vocab_size=1000, num_layers=12, num_heads=2, model_dim=64,
+                          max_seq_len=256))
+    calls = []
+    for index, table in enumerate(model.value_embeds):
+        table.register_forward_hook(lambda module, args, out, index=index: calls.append(index))
+    tokens = torch.randint(0, 1000, (257,))
+    model(tokens[:-1], tokens[1:], torch.tensor(2)).backward()
+    assert sorted(calls) == [0, 1, 2]
+    for table in model.value_embeds:  # and the shared lookup still trains both of its layers
+        assert table.weight.grad is not None and table.weight.grad.abs().max() > 0
+
+
 @pytest.mark.parametrize("length, message", [(200, "multiple of 128"), (1024 + 128, "at most 1024")])
 def test_bad_sequence_length_is_refused(length, message):
     model = GPT(vocab_size=1000, num_layers=2, num_heads=2, model_dim=64, max_seq_len=1024)
