@@ -1,5 +1,7 @@
 """Run Muon for a few steps on an uneven set of parameters; launched by tests/test_muon.py with
-torchrun (gloo, CPU). Every rank saves its parameters after every step to OUT/rank<r>.pt."""
+torchrun (gloo, CPU). After step 2 the state goes through state_dict() and load_state_dict(),
+as in a warm-up restore or a resume. Every rank saves its parameters after every step, and
+whether each momentum buffer it kept owns a storage of its own size, to OUT/rank<r>.pt."""
 import sys
 from pathlib import Path
 
@@ -31,7 +33,11 @@ def run():
         muon.param_groups[0]["momentum"] = 0.85 + 0.02 * step
         muon.step()
         history.append([p.detach().clone() for p in params])
-    torch.save(history, Path(sys.argv[1]) / f"rank{rank}.pt")
+        if step == 1:
+            muon.load_state_dict(muon.state_dict())
+            compact = [s["momentum_buffer"].untyped_storage().nbytes() == s["momentum_buffer"].nbytes
+                       for s in muon.state.values()]
+    torch.save(dict(history=history, compact=compact), Path(sys.argv[1]) / f"rank{rank}.pt")
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -34,6 +34,17 @@ def test_newton_schulz_orthogonalizes(rows, cols):
     assert core.diagonal().min() > 0.6  # and the same sign: no vector flipped
 
 
+def test_compiled_newton_schulz_matches_eager():
+    """On a GPU Muon runs the compiled function; it must compute what the eager one does."""
+    compiled = torch.compile(zeropower_via_newtonschulz5, dynamic=False, fullgraph=True)
+    for rows, cols in [(64, 64), (128, 32), (32, 128)]:
+        g, _, _ = with_singular_values(rows, cols, seed=rows * cols)
+        eager = zeropower_via_newtonschulz5(g.float())
+        assert (compiled(g.float()) - eager).abs().max() < 1e-5, (rows, cols)
+    params = [torch.nn.Parameter(torch.zeros(4, 4))]
+    assert Muon(params, lr=0.1, momentum=0.9).orthogonalize is zeropower_via_newtonschulz5
+
+
 def newton_schulz(g, steps=5):
     """The quintic iteration of SPEC section 5, written out for comparison."""
     x = g.T if g.size(0) > g.size(1) else g
@@ -91,14 +102,32 @@ def run_workers(tmp_path, nproc):
 
 
 def test_distributed_muon_is_bit_identical_to_one_process(tmp_path):
+    """Also across a state_dict() / load_state_dict() round trip after step 2."""
     (single,) = run_workers(tmp_path, 1)
     for nproc in (2, 3):
         ranks = run_workers(tmp_path, nproc)
-        for step, expected in enumerate(single):
-            for rank, history in enumerate(ranks):
-                for got, want in zip(history[step], expected):
+        for step, expected in enumerate(single["history"]):
+            for rank, saved in enumerate(ranks):
+                for got, want in zip(saved["history"][step], expected):
                     assert torch.equal(got, want), (nproc, rank, step)
-    assert not torch.equal(single[0][0], single[1][0])  # the steps really moved the weights
+        for rank, saved in enumerate(ranks):  # copies, not views into the gathered rows
+            assert saved["compact"] and all(saved["compact"]), (nproc, rank)
+    history = single["history"]
+    assert not torch.equal(history[0][0], history[1][0])  # the steps really moved the weights
+
+
+def test_loaded_momentum_buffers_are_copies():
+    """A kept buffer must not be a view that keeps a larger gathered tensor alive."""
+    params = [torch.nn.Parameter(torch.zeros(4, 8)) for _ in range(3)]
+    muon = Muon(params, lr=0.05, momentum=0.9)
+    rows = torch.arange(4 * 32, dtype=torch.float32).view(4, 32)  # as gathered from 4 ranks
+    state = muon.state_dict()
+    state["state"] = {i: {"momentum_buffer": rows[i].view(4, 8)} for i in range(3)}
+    muon.load_state_dict(state)
+    for i, p in enumerate(params):
+        buffer = muon.state[p]["momentum_buffer"]
+        assert torch.equal(buffer, rows[i].view(4, 8))
+        assert buffer.untyped_storage().nbytes() == buffer.nbytes == 4 * 8 * 4
 
 
 # ----------------------------------------------------------------------------- optimizer setup
