@@ -893,6 +893,9 @@ def log_run_header(log, args, world_size, seq_len, train_files, val_files):
     log("=" * 100, console=False)
     cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
     log(f"Python {platform.python_version()}, PyTorch {torch.__version__}, CUDA {cuda}")
+    log("allocator settings: " + ", ".join(f"{name}={os.environ[name]}" for name in
+                                           ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+                                           if name in os.environ))
     if shutil.which("nvidia-smi"):
         smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True)
         log(smi.stdout, console=False)
@@ -909,6 +912,10 @@ def log_run_header(log, args, world_size, seq_len, train_files, val_files):
 
 def setup_device():
     """(rank, world size, device): torchrun's process group, or one process without torchrun."""
+    if not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & os.environ.keys():  # a user's wins
+        # segments that grow in place, so freed memory is not stranded in fragments; this must
+        # be set before CUDA starts
+        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     if cuda:
@@ -926,7 +933,6 @@ def setup_device():
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     rank, world_size, device = setup_device()
     try:
         return train(args, rank, world_size, device)

@@ -186,6 +186,24 @@ def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
     assert steps[0].startswith("step:0/4 val_loss:10.8258")
 
 
+@pytest.mark.parametrize("preset, expected", [
+    ({}, "PYTORCH_ALLOC_CONF=expandable_segments:True"),
+    ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}, "PYTORCH_ALLOC_CONF=max_split_size_mb:64"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:native"}, "PYTORCH_CUDA_ALLOC_CONF=backend:native"),
+])
+def test_allocator_settings_keep_the_users_and_are_logged(preset, expected, tmp_path, monkeypatch):
+    """Expandable segments through the current variable, unless the user set either name."""
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.setenv(name, "")  # so that monkeypatch restores the environment afterwards
+        monkeypatch.delenv(name)
+    for name, value in preset.items():
+        monkeypatch.setenv(name, value)
+    main(TINY + [f"--log_dir={tmp_path}", "--num_iterations=1"])
+    assert f"allocator settings: {expected}\n" in next(tmp_path.glob("*.txt")).read_text()
+    assert os.environ.get("PYTORCH_ALLOC_CONF") == preset.get(
+        "PYTORCH_ALLOC_CONF", None if preset else "expandable_segments:True")
+
+
 def test_missing_data_names_the_download_command(tmp_path):
     with pytest.raises(FileNotFoundError, match="cached_fineweb10B.py"):
         main(TINY + [f"--train_files={tmp_path}/none_*.bin", f"--log_dir={tmp_path}"])
