@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -497,15 +496,17 @@ def check_shard(path):
     return num_tokens
 
 
-def read_shard(path, pin_memory=False):
-    """Read a whole shard into a uint16 tensor (pinned for fast asynchronous copies to a GPU)."""
+def read_shard(path):
+    """Map a shard's tokens as a uint16 tensor, after checking its header.
+
+    Nothing is read up front: pages come from the file as they are first used, and the ranks
+    of a node share one copy of them in the page cache.
+    """
     num_tokens = check_shard(path)
-    tokens = torch.empty(num_tokens, dtype=torch.uint16, pin_memory=pin_memory)
-    with open(path, "rb", buffering=0) as f:
-        f.seek(HEADER_BYTES)
-        if f.readinto(tokens.numpy()) != 2 * num_tokens:
-            raise ValueError(f"{path}: the file changed while it was being read")
-    return tokens
+    header_tokens = HEADER_BYTES // 2
+    mapped = torch.from_file(str(path), shared=False, size=header_tokens + num_tokens,
+                             dtype=torch.uint16)  # private: writes would never reach the file
+    return mapped[header_tokens:]
 
 
 class DistributedDataLoader:
@@ -513,8 +514,9 @@ class DistributedDataLoader:
 
     The stream is fixed by the speedrun rules: with global batch B and world size W, rank r takes
     tokens [p + r*B/W, p + (r+1)*B/W + 1) of the current shard, then p advances by B. A shard is
-    left (wrapping around after the last) as soon as p + B + 1 would reach its end. The next shard
-    is read by a background thread so that crossing a boundary does not stall a training step.
+    left (wrapping around after the last) as soon as p + B + 1 would reach its end. Shards are
+    memory-mapped (the kernel reads the next one ahead), and a slice goes to the GPU through a
+    small pinned staging copy, so the copy does not block the CPU.
     """
 
     def __init__(self, filename_pattern, rank, world_size, device="cpu"):
@@ -525,9 +527,7 @@ class DistributedDataLoader:
             check_shard(path)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
-        self.pin_memory = self.device.type == "cuda"
-        self.prefetcher = ThreadPoolExecutor(max_workers=1)
-        self.shard, self.tokens, self.next_shard = None, None, None
+        self.shard, self.tokens = None, None
         self.reset()
 
     def reset(self):
@@ -545,18 +545,12 @@ class DistributedDataLoader:
         self._load(state["shard"])
         self.pos = state["pos"]
 
-    def _read_async(self, index):
-        return index, self.prefetcher.submit(read_shard, self.files[index], self.pin_memory)
-
     def _load(self, index):
         if index != self.shard:
-            if self.next_shard is not None and self.next_shard[0] == index:
-                self.tokens = self.next_shard[1].result()
-            else:
-                self.tokens = read_shard(self.files[index], self.pin_memory)
-            self.shard = index
-            following = (index + 1) % len(self.files)
-            self.next_shard = self._read_async(following) if following != index else None
+            self.tokens, self.shard = read_shard(self.files[index]), index
+            if hasattr(os, "posix_fadvise"):  # the kernel reads the next shard in the background
+                with open(self.files[(index + 1) % len(self.files)], "rb") as f:
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         self.pos = 0
 
     def next_batch(self, batch_size):
@@ -573,11 +567,13 @@ class DistributedDataLoader:
             return self.next_batch(batch_size)
         local = batch_size // self.world_size
         start = self.pos + self.rank * local
-        buf = self.tokens[start:start + local + 1]
         self.pos += batch_size
-        inputs = buf[:-1].to(device=self.device, dtype=torch.int32, non_blocking=True)
-        targets = buf[1:].to(device=self.device, dtype=torch.int64, non_blocking=True)
-        return inputs, targets
+        # A fresh block from PyTorch's pinned-memory cache: it is not reused until the copy
+        # below has finished, however far the CPU runs ahead.
+        staged = torch.empty(local + 1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        staged.copy_(self.tokens[start:start + local + 1])
+        tokens = staged.to(self.device, non_blocking=True)
+        return tokens[:-1], tokens[1:].to(torch.int64)
 
 # ----------------------------------------------------------------------------- training
 

@@ -108,26 +108,36 @@ def test_a_position_past_the_shards_is_refused(tmp_path):
         DistributedDataLoader(pattern, 0, 1).load_state_dict(dict(shard=2, pos=0))
 
 
-def test_next_shard_is_read_in_the_background(tmp_path):
-    _, pattern = make_shards(tmp_path, [300, 300, 300])
-    loader = DistributedDataLoader(pattern, 0, 1)
-    index, future = loader.next_shard
-    assert index == 1
-    loaded = future.result(timeout=10)
-    for _ in range(5):  # 4 batches of 64 fit in 300 tokens; the 5th crosses into shard 1
-        loader.next_batch(64)
-    assert loader.shard == 1 and loader.tokens is loaded
-    assert loader.next_shard[0] == 2
+def resident_anonymous_bytes():
+    """Memory private to this process (not pages of mapped files), from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        return 1024 * int(next(line for line in f if line.startswith("RssAnon:")).split()[1])
 
 
-def test_single_shard_is_not_read_again(tmp_path):
+def test_shards_are_mapped_not_read(tmp_path):
+    """The ranks of a node share the page cache's copy instead of each holding its own."""
+    tokens = np.random.default_rng(0).integers(0, 50257, size=20_000_000)
+    write_shard(tmp_path / "big_000000.bin", tokens)
+    write_shard(tmp_path / "big_000001.bin", tokens[:1000])
+    before = resident_anonymous_bytes()
+    loader = DistributedDataLoader(str(tmp_path / "big_*.bin"), 1, 2)
+    inputs, targets = loader.next_batch(2 * 65536)
+    grown = resident_anonymous_bytes() - before
+    assert grown < 10_000_000, grown  # far below the 40 MB shard
+    with open("/proc/self/maps") as f:
+        assert str(tmp_path / "big_000000.bin") in f.read()
+    assert inputs.tolist() == tokens[65536:2 * 65536].tolist()
+    assert targets.tolist() == tokens[65537:2 * 65536 + 1].tolist()
+
+
+def test_single_shard_is_not_mapped_again(tmp_path):
     _, pattern = make_shards(tmp_path, [300])
     loader = DistributedDataLoader(pattern, 0, 1)
     tokens = loader.tokens
     for _ in range(10):
         loader.next_batch(64)
     loader.reset()
-    assert loader.tokens is tokens and loader.next_shard is None
+    assert loader.tokens is tokens
 
 
 # ----------------------------------------------------------------------------- bad input
