@@ -5,7 +5,6 @@ The file reads top to bottom: hyperparameters, Muon, model, data, training.
 Importing it has no side effects; everything that runs lives in `main()`.
 """
 import contextlib
-import copy
 import dataclasses
 import glob
 import math
@@ -578,6 +577,20 @@ class DistributedDataLoader:
 # ----------------------------------------------------------------------------- training
 
 
+def build_model(args, device):
+    """The GPT of `args` on `device`, and the forms that run it: compiled on a GPU, and wrapped
+    in DDP when there are several processes. Returns (model, compiled, ddp_model)."""
+    torch.manual_seed(args.seed)  # built on the CPU: the same weights on every rank and device
+    cuda = device.type == "cuda"
+    model = GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
+                max_seq_len=args.micro_batch_size, no_attention_layers=args.no_attention_layers,
+                embed_dtype=torch.bfloat16 if cuda else torch.float32).to(device)
+    compiled = torch.compile(model) if cuda else model
+    ddp_model = (DDP(compiled, device_ids=[device] if cuda else None, broadcast_buffers=False,
+                     gradient_as_bucket_view=True) if dist.is_initialized() else compiled)
+    return model, compiled, ddp_model
+
+
 def build_optimizers(model, args):
     """Adam for the embeddings, the head and the scalars; Muon for every matrix in the blocks."""
     embeddings = [model.embed.weight, *(table.weight for table in model.value_embeds)]
@@ -591,6 +604,19 @@ def build_optimizers(model, args):
     for group in adam.param_groups + muon.param_groups:
         group["initial_lr"] = group["lr"]
     return adam, muon
+
+
+def optimizer_step(adam, muon, step, args):
+    """Apply the schedules of `step` to both optimizers, step them, and clear the gradients."""
+    multiplier = lr_multiplier(step, args.num_iterations, args.cooldown_frac)
+    for group in adam.param_groups + muon.param_groups:
+        group["lr"] = group["initial_lr"] * multiplier
+    for group in muon.param_groups:
+        group["momentum"] = muon_momentum(step)
+    adam.step()
+    muon.step()
+    adam.zero_grad(set_to_none=True)
+    muon.zero_grad(set_to_none=True)
 
 
 def lr_multiplier(step, num_iterations, cooldown_frac):
@@ -714,7 +740,19 @@ def training_state(model, adam, muon, loader):
                 train_loader=loader.state_dict())
 
 
+def host_copy(state):
+    """A copy of a nested state dict with every tensor in host memory."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: host_copy(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(host_copy(value) for value in state)
+    return state
+
+
 def restore_training_state(state, model, adam, muon, loader):
+    """Put a training_state() back: the weights are copied into the model's own tensors."""
     model.load_state_dict(state["model"])
     adam.load_state_dict(state["adam"])
     muon.load_state_dict(state["muon"])
@@ -836,6 +874,51 @@ class TrainClock:
         self.start = time.perf_counter()
 
 
+class StepReports:
+    """Each step's mean train loss and stop request, read on the host one step late.
+
+    Reading a value as soon as the GPU has computed it makes the CPU wait for the whole step,
+    and the GPU then idles while the CPU prepares the next one. Instead each step's
+    [loss, stop request] is averaged over the ranks and copied to pinned host memory without
+    waiting, and read once the next step has been queued, by when the copy has arrived.
+    Validation and checkpoints wait for the GPU anyway; they read the pending step at once.
+    """
+
+    def __init__(self, clock, device):
+        self.clock, self.pending = clock, None
+        self.stop_flag = torch.zeros((), device=device)
+
+    def push(self, step, loss, stop_requested):
+        """Queue this step's values; return the previous step's report, if one is pending."""
+        values = all_ranks_mean(torch.stack([loss, self.stop_flag.fill_(stop_requested)]))
+        arrived, ms = None, None
+        if values.is_cuda:
+            host = torch.empty(2, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            arrived = torch.cuda.Event()
+            arrived.record()
+        else:  # on a CPU the step is already done
+            host, ms = values, self.clock.ms()
+        previous, self.pending = self.pending, (step, host, arrived, ms)
+        return self._read(previous)
+
+    def flush(self):
+        """The pending step's report now, if there is one."""
+        previous, self.pending = self.pending, None
+        return self._read(previous)
+
+    def _read(self, pending):
+        """(step, mean train loss, whether any rank asked to stop, train time in ms) or None."""
+        if pending is None:
+            return None
+        step, host, arrived, ms = pending
+        if arrived is not None:
+            arrived.synchronize()  # long done unless the CPU is more than a step ahead
+            ms = self.clock.ms()  # the step has certainly finished by now
+        loss, stop = host.tolist()
+        return step, loss, stop > 0, ms
+
+
 @contextlib.contextmanager
 def stop_signals():
     """Turn Ctrl-C and SIGTERM into a request to stop, which the loop shares between ranks."""
@@ -941,7 +1024,6 @@ def train(args, rank, world_size, device):
     """The speedrun proper. Returns the validation losses as {step: loss}."""
     check_config(args, world_size)
     check_log_dir(args.log_dir)
-    cuda = device.type == "cuda"
     seq_len = sequence_length(args, world_size)
     train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
@@ -957,28 +1039,15 @@ def train(args, rank, world_size, device):
     if checkpoint:
         log(f"resuming from {resume}: step {checkpoint['step']} of run {checkpoint['run_id']}")
 
-    torch.manual_seed(args.seed)  # built on the CPU: the same weights on every rank and device
-    model = GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
-                max_seq_len=args.micro_batch_size, no_attention_layers=args.no_attention_layers,
-                embed_dtype=torch.bfloat16 if cuda else torch.float32).to(device)
-    compiled = torch.compile(model) if cuda else model
-    ddp_model = (DDP(compiled, device_ids=[device] if cuda else None, broadcast_buffers=False,
-                     gradient_as_bucket_view=True) if dist.is_initialized() else compiled)
+    model, compiled, ddp_model = build_model(args, device)
     adam, muon = build_optimizers(model, args)
     window = torch.tensor(1, dtype=torch.int32, device=device)
 
     def step_once(step):
-        multiplier = lr_multiplier(step, args.num_iterations, args.cooldown_frac)
         window.fill_(window_blocks(step, args.num_iterations))
         inputs, targets = train_loader.next_batch(args.batch_size)
         loss = train_step(ddp_model, inputs, targets, window, seq_len)
-        for group in adam.param_groups + muon.param_groups:
-            group["lr"] = group["initial_lr"] * multiplier
-        for group in muon.param_groups:
-            group["momentum"] = muon_momentum(step)
-        adam.step()
-        muon.step()
-        ddp_model.zero_grad(set_to_none=True)
+        optimizer_step(adam, muon, step, args)
         return loss
 
     def checkpoint_path(step):
@@ -1003,9 +1072,20 @@ def train(args, rank, world_size, device):
             f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
         return path
 
+    def report(result):
+        """Log a step's line and stop on a non-finite loss; return whether a rank asked to stop."""
+        if result is None:
+            return False
+        done, loss, stop, ms = result
+        log(f"step:{done}/{args.num_iterations} train_time:{ms:.0f}ms "
+            f"step_avg:{ms / done:.2f}ms train_loss:{loss:.4f}")
+        stop_if_not_finite(loss, "training loss", done, last_checkpoint, log)
+        return stop
+
     # Compile and warm up on a few steps, then put everything back as it was (or as the
     # checkpoint has it): the timed run is exactly the run that would have happened without.
-    state = checkpoint or copy.deepcopy(training_state(model, adam, muon, train_loader))
+    # The snapshot waits in host memory, so the GPU never holds a second copy of the weights.
+    state = checkpoint or host_copy(training_state(model, adam, muon, train_loader))
     for step in range(args.warmup_steps):
         step_once(step)
     restore_training_state(state, model, adam, muon, train_loader)
@@ -1013,13 +1093,27 @@ def train(args, rank, world_size, device):
     train_time_ms = checkpoint["train_time_ms"] if checkpoint else 0.0
     del state, checkpoint  # the weights and optimizer states now live in the model and optimizers
 
-    val_losses, last_checkpoint = {}, resume
-    stop_requested = torch.zeros((), device=device)
+    val_losses, last_checkpoint, stop = {}, resume, False
     with stop_signals() as received:
         clock = TrainClock(device, train_time_ms)
-        for step in range(first_step, args.num_iterations + 1):
+        reports = StepReports(clock, device)
+        for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
-            if last or (args.val_every and step % args.val_every == 0):
+            validate = last or (args.val_every and step % args.val_every == 0)
+            save_now = step > first_step and ((last and args.save_checkpoint) or (
+                args.checkpoint_every and step % args.checkpoint_every == 0))
+            if validate or save_now or stop:  # these wait for the GPU anyway: read the step now
+                stop = report(reports.flush()) or stop
+            if save_now or (stop and (args.checkpoint_every or args.save_checkpoint)):
+                with clock.paused():
+                    last_checkpoint = save(step, clock.elapsed_ms, last_checkpoint)
+            if stop:
+                message = f"interrupted at step {step}; " + (
+                    f"continue with --resume={last_checkpoint}" if last_checkpoint else
+                    "no checkpoint (--checkpoint_every or --save_checkpoint write one)")
+                log(message)
+                raise SystemExit(message)
+            if validate:
                 with clock.paused():
                     window.fill_(window_blocks(step, args.num_iterations))
                     val_loss = evaluate(compiled, val_loader, args, window, world_size).item()
@@ -1030,26 +1124,9 @@ def train(args, rank, world_size, device):
             if last:
                 break
             loss = step_once(step)
-            stop_requested.fill_(len(received) > 0)  # shared with the loss: no extra collective
-            loss, stop = all_ranks_mean(torch.stack([loss, stop_requested])).tolist()
-            done, elapsed_ms = step + 1, clock.ms()
-            log(f"step:{done}/{args.num_iterations} train_time:{elapsed_ms:.0f}ms "
-                f"step_avg:{elapsed_ms / done:.2f}ms train_loss:{loss:.4f}")
-            stop_if_not_finite(loss, "training loss", done, last_checkpoint, log)
-            due = args.checkpoint_every and done % args.checkpoint_every == 0
-            if due or (stop and (args.checkpoint_every or args.save_checkpoint)):
-                with clock.paused():
-                    last_checkpoint = save(done, clock.elapsed_ms, last_checkpoint)
-            if stop:
-                message = f"interrupted at step {done}; " + (
-                    f"continue with --resume={last_checkpoint}" if last_checkpoint else
-                    "no checkpoint (--checkpoint_every or --save_checkpoint write one)")
-                log(message)
-                raise SystemExit(message)
+            stop = report(reports.push(step + 1, loss, stop_requested=bool(received)))
 
-    if args.save_checkpoint and last_checkpoint != checkpoint_path(step):
-        save(step, clock.elapsed_ms, last_checkpoint)
-    if cuda:
+    if device.type == "cuda":
         log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
     else:  # ru_maxrss is in KiB on Linux
         log(f"peak memory consumption: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"

@@ -119,7 +119,7 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint(sig, straight, tmp_path
             break
     _, stderr = process.communicate(timeout=120)
     stopped = int(re.search(r"interrupted at step (\d)", stderr)[1])
-    assert process.returncode == 1 and 1 <= stopped < 6
+    assert process.returncode == 1 and 1 <= stopped <= 6  # the request is read a step late
     lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
     assert lines[-1] == (f"interrupted at step {stopped}; continue with "
                          f"--resume={checkpoint(tmp_path, stopped)}")
@@ -153,14 +153,19 @@ def test_torchrun_interrupted_stops_every_rank_at_one_step(straight_two_ranks, t
 
 
 def test_a_signal_to_one_rank_stops_every_rank(tmp_path):
-    """The request travels with the loss: a rank stopping alone would leave the other waiting."""
-    result = torchrun("sigterm", tmp_path, SIX + ["--checkpoint_every=100"], timeout=120)
+    """The request travels with the loss: a rank stopping alone would leave the other waiting.
+
+    Like the loss, it is read one step late: asked for in step 5, it stops both after step 6.
+    """
+    result = torchrun("sigterm", tmp_path, SIX + ["--num_iterations=8", "--checkpoint_every=100"],
+                      timeout=120)
     assert result.returncode != 0
     lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
-    assert lines[-2].startswith("checkpoint: step 5 written to ")
-    assert lines[-1].startswith("interrupted at step 5; continue with --resume=")
-    assert result.stderr.count("interrupted at step 5") == 2  # each rank's exit message
-    assert torch.load(checkpoint(tmp_path, 5), weights_only=True)["step"] == 5
+    assert lines[-3].startswith("step:6/8 train_time:")
+    assert lines[-2].startswith("checkpoint: step 6 written to ")
+    assert lines[-1].startswith("interrupted at step 6; continue with --resume=")
+    assert result.stderr.count("interrupted at step 6") == 2  # each rank's exit message
+    assert torch.load(checkpoint(tmp_path, 6), weights_only=True)["step"] == 6
 
 
 def test_a_failed_write_stops_every_rank(tmp_path):

@@ -186,6 +186,24 @@ def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
     assert steps[0].startswith("step:0/4 val_loss:10.8258")
 
 
+def test_step_lines_are_read_one_step_late(tmp_path, monkeypatch):
+    """A step's loss is read once the next step is queued, so the CPU never waits for the GPU;
+    validation waits anyway and reads it at once."""
+    original, last_line_before_step = train_gpt.train_step, []
+
+    def train_step(*args):
+        lines = re.findall(r"^step:(\d)/8 train_time", "".join(
+            path.read_text() for path in tmp_path.glob("*.txt")), re.MULTILINE)
+        last_line_before_step.append(int(lines[-1]) if lines else None)
+        return original(*args)
+    monkeypatch.setattr(train_gpt, "train_step", train_step)
+    main(TINY + [f"--log_dir={tmp_path}", "--num_iterations=8", "--val_every=4"])
+    # before step k runs, the lines of steps up to k - 2 are out; validation at 4 flushes line 4
+    assert last_line_before_step == [None, None, 1, 2, 4, 4, 5, 6]
+    text = next(tmp_path.glob("*.txt")).read_text()
+    assert re.findall(r"^step:(\d)/8 train_time", text, re.MULTILINE) == list("12345678")
+
+
 @pytest.mark.parametrize("preset, expected", [
     ({}, "PYTORCH_ALLOC_CONF=expandable_segments:True"),
     ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}, "PYTORCH_ALLOC_CONF=max_split_size_mb:64"),
