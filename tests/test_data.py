@@ -1,4 +1,5 @@
 """Data section: the shard format, its checks, and the token stream of DistributedDataLoader."""
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +8,10 @@ import torch
 
 from train_gpt import DistributedDataLoader, check_shard, read_shard, write_shard
 
-SAMPLE = Path(__file__).resolve().parent.parent / "data" / "shakespeare"
+DATA = Path(__file__).resolve().parent.parent / "data"
+SAMPLE = DATA / "shakespeare"
+sys.path.insert(0, str(DATA))
+from synthetic_fineweb import write_synthetic_shards  # noqa: E402
 
 
 def reference_stream(shards, batch_size, world_size, steps):
@@ -138,6 +142,27 @@ def test_single_shard_is_not_mapped_again(tmp_path):
         loader.next_batch(64)
     loader.reset()
     assert loader.tokens is tokens
+
+
+# ----------------------------------------------------------------------------- synthetic shards
+
+
+def test_synthetic_shards_are_shaped_like_fineweb(tmp_path):
+    paths = write_synthetic_shards(tmp_path, 2, tokens_per_shard=3_000_000, val_tokens=1_000_000)
+    assert [path.name for path in paths] == [
+        "synthetic_val_000000.bin", "synthetic_train_000001.bin", "synthetic_train_000002.bin"]
+    assert [check_shard(path) for path in paths] == [1_000_000, 3_000_000, 3_000_000]
+    val, *train = (read_shard(path).numpy().astype(np.int64) for path in paths)
+    stream = np.concatenate(train)  # one stream: a document may cross into the next shard
+    starts = np.flatnonzero(stream == 50256)
+    assert starts[0] == 0 and val[0] == 50256  # every document opens with <|endoftext|>
+    assert stream.max() == 50256
+    lengths = np.diff(starts)  # the documents that end inside the stream
+    assert abs(lengths.mean() / 700 - 1) < 0.1  # FineWeb: ~10B tokens in ~15M documents
+    assert np.median(lengths) < 0.7 * lengths.mean() and lengths.max() > 20_000  # a long tail
+    counts = np.bincount(stream, minlength=50257)
+    assert counts[0] > counts[1] > counts[10] > counts[1000] > 0  # token id = frequency rank
+    assert abs(counts[0] / counts[9] / ((9 + 2.7) / 2.7) - 1) < 0.1  # Zipf, 1 / (k + 2.7)
 
 
 # ----------------------------------------------------------------------------- bad input
