@@ -1,0 +1,54 @@
+"""benchmarks/bench_step.py: its FLOP counts against independent ones, and a run on the CPU."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_model import LAYOUTS, random_documents
+from test_training import TINY
+from train_gpt import GPT, DistributedDataLoader, dense_attention_mask
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_step import attention_pairs, main, matrix_parameters  # noqa: E402
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_attention_pairs_count_the_dense_mask(layout):
+    rng = np.random.default_rng(20 + LAYOUTS.index(layout))
+    for num_blocks in [1, 3, 8]:
+        inputs = random_documents(rng, num_blocks, layout)
+        for window in [1, 2, 5, 20]:
+            expected = int(dense_attention_mask(inputs, window).sum())
+            assert attention_pairs(inputs, window) == expected, (num_blocks, window)
+
+
+def test_matrix_parameters_of_the_reference_model():
+    with torch.device("meta"):
+        model = GPT(vocab_size=50257, num_layers=12, num_heads=6, model_dim=768)
+    assert matrix_parameters(model) == 121_208_832  # blocks + head: no embedding tables
+
+
+def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
+    out = tmp_path / "bench.json"
+    results = main(["--steps=2", "--warmup=1", "--at_step=2", f"--json={out}"] + TINY)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    assert results["device"] == "cpu" and results["micro_batches_per_step"] == 2
+    assert results["window_blocks"] == [7, 11]  # steps 2 and 3 of 4: ((1 - x) 128 + x 1856) // 128
+    # 2 blocks of 64 wide (attention 4 x 64 x 64, MLP 2 x 64 x 256) and the 50304 x 64 head
+    matrices = 2 * (4 * 64 * 64 + 2 * 64 * 256) + 50304 * 64
+    assert results["matrix_tflop_per_step"] * 1e12 == pytest.approx(6 * matrices * 512)
+    # the batches of steps 2 and 3 come after the warm-up step's, as 256-token sequences
+    loader = DistributedDataLoader(TINY[0].partition("=")[2], 0, 1)
+    loader.next_batch(512)
+    pairs = sum(int(dense_attention_mask(inputs[i:i + 256], window).sum())
+                for window in (7, 11) for inputs in [loader.next_batch(512)[0]] for i in (0, 256))
+    assert results["attention_tflop_per_step"] * 1e12 == pytest.approx(12 * 64 * pairs * 2 / 2)
+    assert results["ms_per_step"] > results["ms_optimizer_step"] > 0
+    assert results["ms_forward_backward_per_micro_batch"] > 0
+    assert results["tokens_per_s_per_gpu"] == pytest.approx(512 / results["ms_per_step"] * 1e3)
+    flops = 1e12 * (results["matrix_tflop_per_step"] + results["attention_tflop_per_step"])
+    assert results["mfu"] == pytest.approx(flops / results["ms_per_step"] * 1e3 / 989e12)
+    assert results["peak_memory_mib"] > 0 and results["compile_and_warmup_s"] > 0
