@@ -1,0 +1,177 @@
+"""The CUDA path: FlexAttention, the compiled bf16 model, recompiles, host syncs, memory, Muon.
+
+Each test needs a CUDA GPU and is skipped without one, with that reason. The CPU tests check the
+same code in fp32 through the dense attention path; these check what only a GPU runs.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
+
+import train_gpt
+from test_model import perturbed, random_documents
+from test_muon import with_singular_values
+from train_gpt import (GPT, DistributedDataLoader, Muon, build_block_mask,
+                       build_model, build_optimizers, dense_attention_mask, evaluate, main,
+                       optimizer_step, train_step, zeropower_via_newtonschulz5)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU; the CPU tests cover the fp32 path")
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "shakespeare"
+# a small model with the reference's head size, on the embedded sample, 2 sequences per step
+SMALL = [f"--train_files={SAMPLE}/shakespeare_train_*.bin",
+         f"--val_files={SAMPLE}/shakespeare_val_*.bin", "--num_layers=4", "--num_heads=2",
+         "--model_dim=256", "--batch_size=8192", "--micro_batch_size=4096", "--val_tokens=8192"]
+
+
+def relative_error(got, expected):
+    return ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-3), (torch.bfloat16, 2e-2)])
+def test_flex_attention_matches_dense_sdpa(dtype, tolerance):
+    flex = torch.compile(flex_attention, dynamic=False)
+    rng = np.random.default_rng(0)
+    for layout, window in [("many_short", 2), ("few_long", 5), ("block_edges", 1),
+                           ("starts_with_eot", 3), ("no_eot", 16)]:
+        inputs = random_documents(rng, 16, layout).cuda()
+        q, k, v = torch.randn(3, 1, 6, 16 * 128, 128, device="cuda").unbind(0)
+        window_blocks = torch.tensor(window, dtype=torch.int32, device="cuda")
+        got = flex(q.to(dtype), k.to(dtype), v.to(dtype),
+                   block_mask=build_block_mask(inputs, window_blocks))
+        expected = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=dense_attention_mask(inputs, window_blocks))
+        assert got.dtype == dtype and relative_error(got, expected) < tolerance, layout
+
+
+def test_compiled_bf16_model_matches_fp32_eager():
+    """The GPU's model (compiled, FlexAttention, bf16 stream) against the CPU's (eager, fp32)."""
+    torch.manual_seed(0)
+    reference = perturbed(GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256,
+                              max_seq_len=4096))
+    model = GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256, max_seq_len=4096,
+                embed_dtype=torch.bfloat16).cuda()
+    model.load_state_dict(reference.state_dict())
+    rng = np.random.default_rng(1)
+    tokens = torch.tensor(np.where(rng.random(4097) < 0.003, 50256,
+                                   rng.integers(0, 50257, 4097)))
+    compiled = torch.compile(model)
+    for window in [1, 3, 14]:
+        expected = reference(tokens[:-1], tokens[1:], torch.tensor(window)).item()
+        got = compiled(tokens[:-1].cuda(), tokens[1:].cuda(),
+                       torch.tensor(window, device="cuda")).item()
+        assert abs(got - expected) < 1e-2, (window, got, expected)
+
+
+def test_no_recompile_after_the_first_validation():
+    """A growing window and switching between training and validation reuse the compiled code."""
+    args = train_gpt.parse_args(SMALL + ["--num_iterations=8"])
+    device = torch.device("cuda")
+    model, compiled, ddp_model = build_model(args, device)
+    adam, muon = build_optimizers(model, args)
+    train_loader = DistributedDataLoader(args.train_files, 0, 1, device)
+    val_loader = DistributedDataLoader(args.val_files, 0, 1, device)
+    window = torch.tensor(1, dtype=torch.int32, device=device)
+
+    def train_and_validate(step):
+        window.fill_(train_gpt.window_blocks(step, args.num_iterations))
+        inputs, targets = train_loader.next_batch(args.batch_size)
+        train_step(ddp_model, inputs, targets, window, args.micro_batch_size)
+        optimizer_step(adam, muon, step, args)
+        return evaluate(compiled, val_loader, args, window, 1).item()
+
+    evaluate(compiled, val_loader, args, window, 1)  # the first validation, at step 0
+    train_and_validate(0)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        losses = [train_and_validate(step) for step in (1, 3, 5, 7)]  # windows 2, 6, 9 and 12
+        window.fill_(14)
+        losses.append(evaluate(compiled, val_loader, args, window, 1).item())
+    assert losses[3] < losses[0]  # and the steps trained
+
+
+def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
+    """From the third step on, any host-device synchronisation raises, until validation."""
+    original_step, calls = train_gpt.train_step, []
+
+    def train_step_watched(*args):
+        calls.append(None)
+        if len(calls) == 3:
+            torch.cuda.set_sync_debug_mode("error")
+        return original_step(*args)
+
+    class Clock(train_gpt.TrainClock):
+        def paused(self):  # validation and checkpoints synchronise on purpose
+            torch.cuda.set_sync_debug_mode("default")
+            return super().paused()
+
+    monkeypatch.setattr(train_gpt, "train_step", train_step_watched)
+    monkeypatch.setattr(train_gpt, "TrainClock", Clock)
+    try:
+        main(SMALL + ["--num_iterations=10", "--val_every=0", "--warmup_steps=0",
+                      f"--log_dir={tmp_path}"])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(calls) == 10
+
+
+def peak_memory_mib(tmp_path, warmup_steps):
+    command = [sys.executable, str(ROOT / "train_gpt.py"), *SMALL, "--num_iterations=12",
+               "--val_every=0", f"--warmup_steps={warmup_steps}", f"--log_dir={tmp_path}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return int(re.search(r"peak memory consumption: (\d+) MiB", result.stdout)[1])
+
+
+def test_warm_up_leaves_no_trace_in_peak_memory(tmp_path):
+    """The snapshot of the initial state waits in host memory, not beside the weights."""
+    cold, warm = peak_memory_mib(tmp_path, 0), peak_memory_mib(tmp_path, 10)
+    assert abs(warm - cold) <= 0.01 * cold, (cold, warm)
+
+
+def test_expandable_segments_are_on():
+    code = ("import torch, train_gpt; train_gpt.setup_device(); x = torch.ones(1 << 20, "
+            "device='cuda'); print(torch._C._accelerator_getAllocatorSettings()); "
+            "print(all(s.get('is_expandable') for s in torch.cuda.memory_snapshot()))")
+    env = {k: v for k, v in __import__("os").environ.items() if "ALLOC_CONF" not in k}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["expandable_segments:True", "True"]
+
+
+def test_newton_schulz_on_the_gpu_is_compiled_and_orthogonalizes():
+    params = [torch.nn.Parameter(torch.zeros(768, 768, device="cuda"))]
+    muon = Muon(params, lr=0.05, momentum=0.95)
+    assert muon.orthogonalize is not zeropower_via_newtonschulz5
+    assert muon.orthogonalize._torchdynamo_orig_callable is zeropower_via_newtonschulz5
+    for rows, cols in [(768, 768), (3072, 768), (768, 3072)]:
+        g, u, v = with_singular_values(rows, cols, seed=rows + cols)
+        x = muon.orthogonalize(g.float().cuda())
+        assert x.dtype == torch.bfloat16 and x.shape == (rows, cols)
+        s = torch.linalg.svdvals(x.double())
+        assert 0.5 < s.min() and s.max() < 1.5, (rows, cols, s.min(), s.max())
+        eager = zeropower_via_newtonschulz5(g.float().cuda())  # bf16 vs fp32 on a CPU: 2.5%
+        assert relative_error(x, eager) < 5e-2, (rows, cols)
+
+
+def test_one_muon_step_on_the_gpu_matches_the_cpu():
+    """Muon's update on a GPU is the CPU's up to bf16 rounding (2.5% apart on a CPU)."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(s, generator=generator) for s in [(256, 1024), (1024, 256), (256, 256)]]
+    grads = [torch.randn(w.shape, generator=generator) for w in weights]
+    moved = []
+    for device in ("cpu", "cuda"):
+        params = [torch.nn.Parameter(w.to(device)) for w in weights]
+        for p, g in zip(params, grads):
+            p.grad = g.to(device)
+        Muon(params, lr=0.05, momentum=0.95).step()
+        moved.append([(p.detach().cpu() - w) for p, w in zip(params, weights)])
+    for cpu_update, gpu_update in zip(*moved):
+        assert relative_error(gpu_update, cpu_update) < 5e-2
