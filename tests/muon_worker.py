@@ -2,6 +2,7 @@
 torchrun (gloo, CPU). After step 2 the state goes through state_dict() and load_state_dict(),
 as in a warm-up restore or a resume. Every rank saves its parameters after every step, and
 whether each momentum buffer it kept owns a storage of its own size, to OUT/rank<r>.pt."""
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ STEPS = 4
 
 def run():
     torch.set_num_threads(1)  # the same arithmetic in every process, whatever the world size
-    if "RANK" in __import__("os").environ:
+    if "RANK" in os.environ:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     generator = torch.Generator().manual_seed(0)
@@ -44,3 +45,4 @@ def run():
 
 if __name__ == "__main__":
     run()
+    os._exit(0)  # no interpreter teardown, where gloo's threads now and then abort the process

@@ -111,14 +111,23 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
             return super().paused()
 
+    class Reports(train_gpt.StepReports):
+        def push(self, step, loss, stop_requested):  # each step is read once the next is queued
+            report = super().push(step, loss, stop_requested)
+            read.append((step, report and report[0]))
+            return report
+
+    read = []
     monkeypatch.setattr(train_gpt, "train_step", train_step_watched)
     monkeypatch.setattr(train_gpt, "TrainClock", Clock)
+    monkeypatch.setattr(train_gpt, "StepReports", Reports)
     try:
         main(SMALL + ["--num_iterations=10", "--val_every=0", "--warmup_steps=0",
                       f"--log_dir={tmp_path}"])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(calls) == 10
+    assert read == [(1, None)] + [(step, step - 1) for step in range(2, 11)]
 
 
 def peak_memory_mib(tmp_path, warmup_steps):
@@ -168,9 +177,9 @@ def test_one_muon_step_on_the_gpu_matches_the_cpu():
     grads = [torch.randn(w.shape, generator=generator) for w in weights]
     moved = []
     for device in ("cpu", "cuda"):
-        params = [torch.nn.Parameter(w.to(device)) for w in weights]
+        params = [torch.nn.Parameter(w.to(device, copy=True)) for w in weights]
         for p, g in zip(params, grads):
-            p.grad = g.to(device)
+            p.grad = g.to(device, copy=True)
         Muon(params, lr=0.05, momentum=0.95).step()
         moved.append([(p.detach().cpu() - w) for p, w in zip(params, weights)])
     for cpu_update, gpu_update in zip(*moved):

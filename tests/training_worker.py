@@ -70,12 +70,20 @@ if __name__ == "__main__":
         def write_checkpoint(state, path):
             raise OSError(28, "No space left on device")
         train_gpt.write_checkpoint = write_checkpoint
+    code = 0
     try:
         result = gradients(argv) if mode == "grads" else train_gpt.main(argv)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            torch.save(result, out / "result.pt")
     except (FloatingPointError, OSError) as err:
         (out / f"stopped_rank{os.environ['RANK']}.txt").write_text(str(err))
-        sys.exit(0)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        torch.save(result, out / "result.pt")
+    except SystemExit as err:  # an interrupted run: its message, and a failure for torchrun
+        print(err, file=sys.stderr)
+        code = 1
     if dist.is_initialized():
         dist.destroy_process_group()
+    # Skip the interpreter's teardown: now and then gloo's threads, destroyed during it,
+    # abort the process ("terminate called without an active exception") after its work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,21 @@
+"""Shared by every test: a clean compile cache and environment, and the CPU for the CPU tests.
+
+On a machine with a GPU the script would pick CUDA; every test outside test_gpu.py checks the CPU
+path, so it sees no GPU, in this process and in the processes it starts.
+"""
+import os
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def isolated(request, monkeypatch):
+    torch._dynamo.reset()  # dynamo caches per function; a test must not inherit others' entries
+    saved = dict(os.environ)  # main() sets the allocator variable
+    if request.path.name != "test_gpu.py":
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
