@@ -1,12 +1,15 @@
 """The GPT-2 speedrun: train a GPT-2-small-sized model on FineWeb to a validation loss of 3.28.
 
-Launch with `torchrun --standalone --nproc_per_node=8 train_gpt.py` (or `./run.sh`).
-The file reads top to bottom: hyperparameters, Muon, model, data, training.
-Importing it has no side effects; everything that runs lives in `main()`.
+Launch with `torchrun --standalone --nproc_per_node=8 train_gpt.py` (or `./run.sh`); `--help`
+lists the hyperparameters. The file reads top to bottom: hyperparameters, Muon, model, data and
+the training loop, then what the loop needs around it, and last what only long runs need
+(checkpoints, resume, stopping). Importing it has no side effects: everything runs in `main()`.
 """
+import argparse
 import contextlib
 import dataclasses
 import glob
+import inspect
 import math
 import os
 import platform
@@ -27,46 +30,58 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._pytree import tree_map_only
 
 # ----------------------------------------------------------------------------- hyperparameters
 
 
 @dataclass
 class Hyperparameters:
-    """The reference configuration. Override any field with --name=value on the command line."""
+    """The reference configuration; `--name=value` changes a field, `--help` lists them all."""
     # data
-    train_files: str = "data/fineweb10B/fineweb_train_*.bin"
-    val_files: str = "data/fineweb10B/fineweb_val_*.bin"
+    train_files: str = "data/fineweb10B/fineweb_train_*.bin"  # shards, read in sorted order
+    val_files: str = "data/fineweb10B/fineweb_val_*.bin"  # validation uses the first shard
     val_tokens: int = 10_485_760  # validate on this many tokens from the start of the val shard
     batch_size: int = 8 * 64 * 1024  # tokens per step, over all ranks
     micro_batch_size: int = 64 * 1024  # tokens per forward/backward: one flat sequence
     # model
-    vocab_size: int = 50257
+    vocab_size: int = 50257  # GPT-2's tokens; embeddings and head are padded to 50304
     num_layers: int = 12
     num_heads: int = 6
     model_dim: int = 768
-    no_attention_layers: tuple = (7,)
+    no_attention_layers: tuple = (7,)  # layers with an MLP only (comma-separated)
     # optimization
-    num_iterations: int = 1390
+    num_iterations: int = 1390  # training steps
     cooldown_frac: float = 0.4  # the learning rates fall linearly to 0 over this last part
-    embed_lr: float = 0.6  # Adam
-    head_lr: float = 0.008  # Adam
-    scalar_lr: float = 0.04  # Adam
-    muon_lr: float = 0.05
+    embed_lr: float = 0.6  # Adam: token and value embeddings
+    head_lr: float = 0.008  # Adam: the output head
+    scalar_lr: float = 0.04  # Adam: the scalar mixing weights
+    muon_lr: float = 0.05  # Muon: the matrices of the blocks
     # run
     val_every: int = 125  # and after the last step; 0: only then
     warmup_steps: int = 10  # untimed steps that compile the kernels, then undone
-    seed: int = 0
+    seed: int = 0  # of the initial weights
     log_dir: str = "logs"  # the log is <log_dir>/<run id>.txt, checkpoints <log_dir>/<run id>/
     checkpoint_every: int = 0  # write the whole training state every this many steps; 0: never
     save_checkpoint: bool = False  # write it after the last step
     resume: str = ""  # continue from this checkpoint (a folder: its newest)
 
 
-# A resumed run may change these: they change neither the batches nor the weights.
-RUN_FIELDS = {"val_files", "val_tokens", "val_every", "warmup_steps", "log_dir",
-              "checkpoint_every", "save_checkpoint", "resume"}
-
+# The values a field may take, where its type allows some that cannot run. A new field needs a
+# line here only if it brings a new kind of limit.
+LIMITS = [
+    (("val_tokens", "batch_size", "micro_batch_size", "num_layers", "num_heads", "model_dim",
+      "num_iterations"), lambda v: v > 0, "must be positive"),
+    (("val_every", "warmup_steps", "seed", "checkpoint_every"), lambda v: v >= 0,
+     "must be 0 or more"),
+    (("embed_lr", "head_lr", "scalar_lr", "muon_lr"), lambda v: 0 <= v < math.inf,
+     "must be a finite number, 0 or more"),
+    (("cooldown_frac",), lambda v: 0 <= v <= 1, "must lie in [0, 1]"),
+    (("vocab_size",), lambda v: v > 50256, "cannot hold the GPT-2 tokens of the data (up to "
+     "50256); use 50257"),
+    (("no_attention_layers",), lambda v: min(v, default=0) >= 0, "must count layers from 0"),
+    (("log_dir",), bool, "must name a folder"),
+]
 
 # A small model on the embedded Shakespeare sample: checks a setup on a CPU in about 2 minutes.
 PRESETS = {
@@ -77,45 +92,43 @@ PRESETS = {
 }
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # raise, so that a bad argument ends like any other bad input
+        raise ValueError(f"{message} (--help lists the hyperparameters)")
+
+
 def parse_args(argv):
-    """Hyperparameters from `--name=value` arguments (and `--preset=NAME`, applied first).
-
-    A true/false field given alone, like `--save_checkpoint`, is set to true.
-    """
-    fields = {f.name: f.type for f in dataclasses.fields(Hyperparameters)}
-    pairs = []
-    for arg in argv:
-        name, sep, value = arg.removeprefix("--").partition("=")
-        if not sep and fields.get(name) is bool:
-            sep, value = "=", "true"
-        if not arg.startswith("--") or not sep:
-            raise ValueError(f"arguments look like --name=value, got {arg!r}")
-        if name != "preset" and name not in fields:
-            raise ValueError(f"unknown hyperparameter {name!r}; valid names: "
-                             f"{', '.join(fields)}, and --preset={'|'.join(PRESETS)}")
-        pairs.append((name, value))
-    args = Hyperparameters()
-    for name, value in pairs:
-        if name == "preset":
-            if value not in PRESETS:
-                raise ValueError(f"unknown preset {value!r}; presets: {', '.join(PRESETS)}")
-            args = dataclasses.replace(args, **PRESETS[value])
-    for name, value in pairs:
-        if name != "preset":
-            setattr(args, name, parse_value(name, value, fields[name]))
-    return args
+    """Hyperparameters from `--name=value` arguments, on top of `--preset=NAME` if one is given.
+    Each field is an option of its type with its comment as the help; `--flag` alone is true."""
+    parser = ArgumentParser(prog="train_gpt.py", allow_abbrev=False,
+                            description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=PRESETS, default=argparse.SUPPRESS,
+                        help="start from these values, e.g. smoke: " + str(PRESETS["smoke"]))
+    comments = dict(re.findall(r"^\s+(\w+): .*?# (.*)$", inspect.getsource(Hyperparameters),
+                               re.MULTILINE))
+    for field in dataclasses.fields(Hyperparameters):
+        flag = dict(nargs="?", const=True) if field.type is bool else {}
+        parser.add_argument(f"--{field.name}", **flag, default=argparse.SUPPRESS,
+                            type={bool: boolean, tuple: integers}.get(field.type, field.type),
+                            metavar=field.type.__name__, help=f"{comments.get(field.name, '')} "
+                            f"(default: {field.default})".lstrip())
+    given, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ValueError(f"unknown argument {unknown[0]!r}; arguments look like --name=value, "
+                         f"where name is one of {', '.join(vars(Hyperparameters()))} or preset")
+    preset = PRESETS.get(vars(given).pop("preset", None), {})
+    return Hyperparameters(**{**preset, **vars(given)})
 
 
-def parse_value(name, value, kind):
-    try:
-        if kind is tuple:  # comma-separated ints; empty for none
-            return tuple(int(v) for v in value.split(",") if v.strip())
-        if kind is bool:
-            return {"true": True, "1": True, "false": False, "0": False}[value.lower()]
-        return kind(value)
-    except (ValueError, KeyError):
-        raise ValueError(f"--{name}={value}: expected {kind.__name__}") from None
+def boolean(text):
+    values = {"true": True, "1": True, "false": False, "0": False}
+    if text.lower() not in values:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return values[text.lower()]
 
+
+def integers(text):
+    return tuple(int(v) for v in text.split(",") if v.strip())
 
 # ----------------------------------------------------------------------------- Muon
 
@@ -152,8 +165,8 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params, lr, momentum, nesterov=True, ns_steps=5):
         params = list(params)
-        # Eager, one orthogonalization is ~45 kernels, each rounding to bf16; compiled, a few fused
-        # ones. On a CPU, where it runs in fp32, compiling would only add start-up time.
+        # Eager, one orthogonalization is ~45 kernels, each rounding to bf16; compiled, a few
+        # fused ones. On a CPU (fp32) compiling would only add start-up time.
         self.orthogonalize = (torch.compile(zeropower_via_newtonschulz5, dynamic=False)
                               if any(p.is_cuda for p in params) else zeropower_via_newtonschulz5)
         distributed = dist.is_available() and dist.is_initialized()
@@ -210,33 +223,18 @@ class Muon(torch.optim.Optimizer):
             apply(*pending)
 
     def state_dict(self):
-        """The state with every parameter's momentum, gathered from the rank that owns it.
-
-        A collective: every rank calls it. A buffer not created yet is saved as zeros, which is
-        where momentum starts anyway.
-        """
+        """The state with every rank's momentum buffers. A collective: every rank calls it."""
         state = super().state_dict()
-        if self.world_size == 1:
-            return state
-        ids = iter([i for group in state["param_groups"] for i in group["params"]])
-        for group in self.param_groups:
-            params = group["params"]
-            for start in range(0, len(params), self.world_size):
-                chunk = params[start:start + self.world_size]
-                mine = torch.zeros_like(params[0]).flatten()
-                if self.rank < len(chunk) and "momentum_buffer" in self.state[chunk[self.rank]]:
-                    mine = self.state[chunk[self.rank]]["momentum_buffer"].flatten()
-                rows = mine.new_empty(self.world_size * len(mine))
-                dist.all_gather_into_tensor(rows, mine)
-                for p, row in zip(chunk, rows.view(self.world_size, -1)):
-                    state["state"][next(ids)] = {"momentum_buffer": row.view_as(p)}
+        if self.world_size > 1:  # each rank holds the buffers of the parameters it updates
+            mine = {i: {k: v.cpu() for k, v in s.items()} for i, s in state["state"].items()}
+            parts = [None] * self.world_size
+            dist.all_gather_object(parts, mine)
+            state["state"] = {i: s for part in parts for i, s in part.items()}
         return state
 
     def load_state_dict(self, state_dict):
-        """Load a state_dict() and keep only the buffers of the parameters this rank updates.
-
-        Each kept buffer is copied: a view into the gathered rows would keep all of them alive.
-        """
+        """Load a state_dict(), keeping copies of the buffers of the parameters this rank updates
+        (a buffer that is a view would keep alive the whole tensor it views)."""
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for i, p in enumerate(group["params"]):
@@ -244,16 +242,13 @@ class Muon(torch.optim.Optimizer):
                     self.state.pop(p, None)
                 elif "momentum_buffer" in self.state.get(p, {}):
                     self.state[p]["momentum_buffer"] = self.state[p]["momentum_buffer"].clone()
-
-
 # ----------------------------------------------------------------------------- model
+# GPT-2 small reshaped by the speedrun: RMS norm without weights, rotary positions, QK-norm,
+# ReLU^2 MLPs, value embeddings, U-net skips, and attention only within each document and a
+# window of recent 128-token blocks, which FlexAttention skips block by block.
 
 EOT_TOKEN = 50256  # <|endoftext|>: every document starts with it
 BLOCK_SIZE = 128  # FlexAttention block; the sliding window is counted in these
-
-
-def next_multiple_of(n, multiple):
-    return -(-n // multiple) * multiple
 
 
 def norm(x):
@@ -398,10 +393,10 @@ class GPT(nn.Module):
         super().__init__()
         check_heads(model_dim, num_heads)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
-        padded_vocab = next_multiple_of(vocab_size, 128)  # aligned matrices run faster
-        num_ve = min(3, num_layers // 2)
-        self.ve_index = [i if i < num_ve else i - (num_layers - num_ve) if i >= num_layers - num_ve
-                         else None for i in range(num_layers)]
+        padded_vocab = -(-vocab_size // 128) * 128  # aligned matrices run faster
+        num_ve = min(3, num_layers // 2)  # value tables, each feeding an early and a late layer
+        # the table of each layer; 12 layers: [0, 1, 2, None, None, None, None, None, None, 0, 1, 2]
+        self.ve_index = [*range(num_ve), *[None] * (num_layers - 2 * num_ve), *range(num_ve)]
         self.embed = nn.Embedding(padded_vocab, model_dim)
         self.value_embeds = nn.ModuleList([nn.Embedding(padded_vocab, model_dim)
                                            for _ in range(num_ve)])
@@ -575,6 +570,72 @@ class DistributedDataLoader:
         return tokens[:-1], tokens[1:].to(torch.int64)
 
 # ----------------------------------------------------------------------------- training
+# One step: every rank takes its slice of the batch, runs forward and backward over it in
+# sequences of micro_batch_size tokens, DDP averages the gradients over the ranks, then Adam and
+# Muon step with the schedules below. The attention window widens from 128 to 1792 tokens.
+
+
+def main(argv=None):
+    """Train with these arguments (default: the command line); return {step: val loss}."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    rank, world_size, device = setup_device()
+    try:
+        return train(args, rank, world_size, device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def train(args, rank, world_size, device):
+    train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
+    val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
+    check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
+    run = LongRun(args, world_size)  # the run id, and the checkpoint to continue from if any
+    log = make_logger(args.log_dir, run.id, rank)
+    log_run_header(log, args, world_size, train_loader.files, val_loader.files)
+    model, compiled, ddp_model = build_model(args, device)
+    adam, muon = build_optimizers(model, args)
+    state = (model, adam, muon, train_loader)
+    window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
+    seq_len = sequence_length(args, world_size)
+
+    def step_once(step):
+        window.fill_(window_blocks(step, args.num_iterations))
+        inputs, targets = train_loader.next_batch(args.batch_size)
+        loss = train_step(ddp_model, inputs, targets, window, seq_len)
+        optimizer_step(adam, muon, step, args)
+        return loss
+
+    # Compile and warm up on a few steps, then put everything back as it was: the timed run is
+    # the run without them. The snapshot waits in host memory, not beside the weights.
+    initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True), training_state(*state))
+    for step in range(args.warmup_steps):
+        step_once(step)
+    restore_training_state(initial, *state)
+    del initial
+    clock = TrainClock(device)
+    reports = StepReports(clock, log, args.num_iterations)
+
+    val_losses = {}
+    with run.start(state, clock, reports, log) as first_step:  # step 0, or the checkpoint's
+        for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
+            last = step == args.num_iterations
+            validate = last or (args.val_every and step % args.val_every == 0)
+            run.between_steps(step, validate)  # a checkpoint when due; a requested stop
+            if validate:
+                with clock.paused():
+                    window.fill_(window_blocks(step, args.num_iterations))
+                    val_losses[step] = evaluate(compiled, val_loader, args, window,
+                                                world_size).item()
+                log(f"step:{step}/{args.num_iterations} val_loss:{val_losses[step]:.4f} "
+                    f"train_time:{clock.elapsed_ms:.0f}ms "
+                    f"step_avg:{clock.elapsed_ms / max(step, 1):.2f}ms")
+                run.check_finite(val_losses[step], "validation loss", step)
+            if last:
+                break
+            run.after_step(step + 1, step_once(step))  # whose line is logged one step late
+    log_peak_memory(log, device)
+    return val_losses
 
 
 def build_model(args, device):
@@ -606,19 +667,6 @@ def build_optimizers(model, args):
     return adam, muon
 
 
-def optimizer_step(adam, muon, step, args):
-    """Apply the schedules of `step` to both optimizers, step them, and clear the gradients."""
-    multiplier = lr_multiplier(step, args.num_iterations, args.cooldown_frac)
-    for group in adam.param_groups + muon.param_groups:
-        group["lr"] = group["initial_lr"] * multiplier
-    for group in muon.param_groups:
-        group["momentum"] = muon_momentum(step)
-    adam.step()
-    muon.step()
-    adam.zero_grad(set_to_none=True)
-    muon.zero_grad(set_to_none=True)
-
-
 def lr_multiplier(step, num_iterations, cooldown_frac):
     """1 for the first (1 - cooldown_frac) of the run, then a straight line down to 0."""
     remaining = 1 - step / num_iterations
@@ -635,63 +683,6 @@ def window_blocks(step, num_iterations):
     """The attention window, in 128-token blocks: 1 at the start, 14 (1792 tokens) at the end."""
     x = step / num_iterations
     return int(((1 - x) * 128 + x * 1856) // 128)
-
-
-def sequence_length(args, world_size):
-    """Tokens per forward pass: the micro-batch, or a rank's whole slice when that is shorter."""
-    return min(args.micro_batch_size, args.batch_size // world_size)
-
-
-def check_config(args, world_size):
-    """Refuse a configuration that cannot run, saying which values and how to fix them."""
-    positive = ["val_tokens", "batch_size", "micro_batch_size", "num_layers", "num_heads",
-                "model_dim", "num_iterations"]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name}={getattr(args, name)} must be positive")
-    for name in ["val_every", "warmup_steps", "seed", "checkpoint_every"]:
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name}={getattr(args, name)} must be 0 or more")
-    for name in ["embed_lr", "head_lr", "scalar_lr", "muon_lr"]:
-        if not 0 <= getattr(args, name) < float("inf"):
-            raise ValueError(f"--{name}={getattr(args, name)} must be a finite number, 0 or more")
-    if not 0 <= args.cooldown_frac <= 1:
-        raise ValueError(f"--cooldown_frac={args.cooldown_frac} must lie in [0, 1]")
-    if args.vocab_size <= EOT_TOKEN:
-        raise ValueError(f"--vocab_size={args.vocab_size} cannot hold the GPT-2 tokens of the "
-                         f"data (up to {EOT_TOKEN}); use {EOT_TOKEN + 1}")
-    check_heads(args.model_dim, args.num_heads)
-    if any(i < 0 for i in args.no_attention_layers):  # past the last layer: no such layer
-        raise ValueError(f"--no_attention_layers={','.join(map(str, args.no_attention_layers))}"
-                         f" must count layers from 0")
-    if not args.log_dir:
-        raise ValueError("--log_dir must name a folder")
-    if args.batch_size % world_size:
-        raise ValueError(f"--batch_size={args.batch_size} does not split over {world_size} ranks;"
-                         f" use a multiple of {world_size}")
-    seq_len = sequence_length(args, world_size)
-    if (args.batch_size // world_size) % seq_len or seq_len % BLOCK_SIZE:
-        raise ValueError(f"each rank's {args.batch_size // world_size} tokens must split into "
-                         f"sequences of {seq_len}, a multiple of {BLOCK_SIZE}; change "
-                         f"--batch_size or --micro_batch_size")
-    if args.micro_batch_size % BLOCK_SIZE:
-        raise ValueError(f"--micro_batch_size={args.micro_batch_size} must be a multiple of "
-                         f"{BLOCK_SIZE}")
-    if args.val_tokens % (world_size * args.micro_batch_size):
-        raise ValueError(f"--val_tokens={args.val_tokens} must be a multiple of world size x "
-                         f"micro batch = {world_size * args.micro_batch_size}")
-
-
-def check_log_dir(log_dir):
-    """Make the log folder, or say why it cannot be used. Every rank checks, so all stop alike."""
-    try:
-        os.makedirs(log_dir, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"--log_dir={log_dir}: cannot make the folder ({err.strerror}); "
-                         f"choose another with --log_dir") from None
-    if not os.access(log_dir, os.W_OK | os.X_OK):
-        raise ValueError(f"--log_dir={log_dir}: the folder is not writable; choose another "
-                         f"with --log_dir")
 
 
 def train_step(model, inputs, targets, window, seq_len):
@@ -713,6 +704,19 @@ def train_step(model, inputs, targets, window, seq_len):
     return total
 
 
+def optimizer_step(adam, muon, step, args):
+    """Apply the schedules of `step` to both optimizers, step them, and clear the gradients."""
+    multiplier = lr_multiplier(step, args.num_iterations, args.cooldown_frac)
+    for group in adam.param_groups + muon.param_groups:
+        group["lr"] = group["initial_lr"] * multiplier
+    for group in muon.param_groups:
+        group["momentum"] = muon_momentum(step)
+    adam.step()
+    muon.step()
+    adam.zero_grad(set_to_none=True)
+    muon.zero_grad(set_to_none=True)
+
+
 @torch.no_grad()
 def evaluate(model, loader, args, window, world_size):
     """Mean loss over the first val_tokens of the val shard, as sequences of micro_batch_size."""
@@ -726,6 +730,58 @@ def evaluate(model, loader, args, window, world_size):
     model.train()
     return all_ranks_mean(total / steps)
 
+# ----------------------------------------------------------------------------- around the loop
+# Processes and devices, checks, the log, the clock, and the one-step-late readout of the loss.
+
+
+def setup_device():
+    """(rank, world size, device): torchrun's process group, or one process without torchrun."""
+    if not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & os.environ.keys():  # a user's wins
+        # segments that grow in place strand no freed memory; set before CUDA starts
+        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if "RANK" not in os.environ:  # not launched by torchrun
+        return 0, 1, device
+    store, rank, world_size = next(dist.rendezvous("env://"))
+    # torchrun keeps its store when it restarts the workers: without a fresh prefix they would
+    # read the previous attempt's addresses and fail or hang while connecting
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
+                            store=dist.PrefixStore(f"attempt{attempt}", store))
+    return rank, world_size, device
+
+
+def sequence_length(args, world_size):
+    """Tokens per forward pass: the micro-batch, or a rank's whole slice when that is shorter."""
+    return min(args.micro_batch_size, args.batch_size // world_size)
+
+
+def check_config(args, world_size, val_shard_tokens):
+    """Refuse a configuration that cannot run, saying which values and how to fix them."""
+    for names, allowed, rule in LIMITS:
+        for name, value in ((name, getattr(args, name)) for name in names):
+            if not allowed(value):
+                shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                raise ValueError(f"--{name}={shown} {rule}")
+    check_heads(args.model_dim, args.num_heads)
+    local, seq_len = args.batch_size // world_size, sequence_length(args, world_size)
+    if args.batch_size % world_size:
+        raise ValueError(f"--batch_size={args.batch_size} does not split over {world_size} ranks;"
+                         f" use a multiple of {world_size}")
+    if local % seq_len or seq_len % BLOCK_SIZE or args.micro_batch_size % BLOCK_SIZE:
+        raise ValueError(f"each rank's {local} tokens must split into sequences of {seq_len}, and "
+                         f"--micro_batch_size={args.micro_batch_size} must be a multiple of "
+                         f"{BLOCK_SIZE}; change --batch_size or --micro_batch_size")
+    if args.val_tokens % (world_size * args.micro_batch_size):
+        raise ValueError(f"--val_tokens={args.val_tokens} must be a multiple of world size x "
+                         f"micro batch = {world_size * args.micro_batch_size}")
+    if args.val_tokens >= val_shard_tokens:
+        raise ValueError(f"the val shard holds {val_shard_tokens} tokens, not more than "
+                         f"--val_tokens={args.val_tokens}; validate on fewer tokens")
+
 
 def all_ranks_mean(x):
     if dist.is_initialized():
@@ -734,131 +790,55 @@ def all_ranks_mean(x):
     return x
 
 
-def training_state(model, adam, muon, loader):
-    """Everything the following steps depend on. Muon's part is a collective: all ranks call."""
-    return dict(model=model.state_dict(), adam=adam.state_dict(), muon=muon.state_dict(),
-                train_loader=loader.state_dict())
+def make_logger(log_dir, run_id, rank):
+    """Return log(line): print on rank 0 and append to <log_dir>/<run id>.txt, flushed each line."""
+    if rank != 0:
+        return lambda line, console=True: None
+    path = os.path.join(log_dir, f"{run_id}.txt")
+    log_file = open(path, "a")  # a restarted worker goes on with the same log
+    print(f"logging to {path}")
+
+    def log(line, console=True):
+        if console:
+            print(line)
+        log_file.write(line + "\n")
+        log_file.flush()
+    return log
 
 
-def host_copy(state):
-    """A copy of a nested state dict with every tensor in host memory."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {key: host_copy(value) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(host_copy(value) for value in state)
-    return state
+def log_run_header(log, args, world_size, train_files, val_files):
+    """Everything needed to reproduce the run: code, versions, hardware, data, settings."""
+    with open(__file__) as f:
+        log(f.read() + "=" * 100, console=False)
+    cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
+    log(f"Python {platform.python_version()}, PyTorch {torch.__version__}, CUDA {cuda}")
+    log("allocator settings: " + ", ".join(f"{name}={os.environ[name]}" for name in
+                                           ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+                                           if name in os.environ))
+    if shutil.which("nvidia-smi"):
+        log(subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout, console=False)
+    log(f"train files: {' '.join(train_files)}\nval files: {' '.join(val_files)}", console=False)
+    log(f"hyperparameters: {dataclasses.asdict(args)}")
+    seq_len = sequence_length(args, world_size)
+    log(f"world size {world_size}: {args.batch_size // world_size // seq_len} sequence(s) of "
+        f"{seq_len} tokens per rank per step" + ("" if seq_len == args.micro_batch_size else
+        " (shorter than --micro_batch_size: a different run from the reference)"))
 
 
-def restore_training_state(state, model, adam, muon, loader):
-    """Put a training_state() back: the weights are copied into the model's own tensors."""
-    model.load_state_dict(state["model"])
-    adam.load_state_dict(state["adam"])
-    muon.load_state_dict(state["muon"])
-    loader.load_state_dict(state["train_loader"])
-
-
-def checkpoints_in(folder):
-    """The complete checkpoints in `folder`, oldest first (a write in progress has another name)."""
-    found = {}
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        match = re.fullmatch(r"state_step(\d+)\.pt", name)
-        if match:
-            found[int(match[1])] = os.path.join(folder, name)
-    return [found[step] for step in sorted(found)]
-
-
-def write_checkpoint(state, path, keep=2):
-    """Save `state` to `path`, then delete all but the newest `keep` checkpoints in its folder.
-
-    The bytes go to a temporary name first and are renamed once complete, so a crash during the
-    write leaves the earlier checkpoints as they were.
-    """
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = path + ".partial"
-    with open(partial, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
-    for old in checkpoints_in(os.path.dirname(path))[:-keep]:
-        if old != path:
-            os.remove(old)
-
-
-def on_rank_0(fn, *args):
-    """fn(*args) run by rank 0 alone; every rank gets its result, or raises its error.
-
-    Every rank waits here until rank 0 is done, and none is left waiting when rank 0 fails.
-    """
-    outcome = [None, None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        try:
-            outcome[0] = fn(*args)
-        except (ValueError, OSError) as err:
-            outcome[1] = err
-    if dist.is_initialized():
-        dist.broadcast_object_list(outcome, src=0)
-    if outcome[1] is not None:
-        raise outcome[1]
-    return outcome[0]
-
-
-def resume_path(args, run_id):
-    """The checkpoint to continue from, or "" to start afresh (rank 0 decides, in on_rank_0).
-
-    After torchrun restarts the workers (--max-restarts), the run's own newest checkpoint;
-    otherwise --resume, where a folder stands for its newest checkpoint.
-    """
-    own_folder = os.path.join(args.log_dir, run_id)
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
-        own = checkpoints_in(own_folder)
-        if own:
-            return own[-1]
-    elif os.path.exists(own_folder + ".txt") or os.path.exists(own_folder):
-        raise ValueError(f"run id {run_id} is taken: {own_folder}.txt or {own_folder}/ exists; "
-                         f"give torchrun a new --rdzv-id (or continue with --resume)")
-    if os.path.isdir(args.resume):
-        found = checkpoints_in(args.resume)
-        if not found:
-            raise FileNotFoundError(f"--resume={args.resume}: the folder holds no checkpoint "
-                                    f"(state_step*.pt)")
-        return found[-1]
-    return args.resume
-
-
-def load_checkpoint(path, args, world_size):
-    """Read a checkpoint, refusing one from another configuration with the differing fields."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--resume={path}: no such file")
-    try:  # whatever torch.load cannot read as plain tensors and containers is no checkpoint
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
-        raise ValueError(f"--resume={path} is not a readable checkpoint ({reason})") from None
-    keys = {"model", "adam", "muon", "train_loader", "step", "run_id", "world_size",
-            "hyperparameters", "train_time_ms"}
-    if not isinstance(state, dict) or not keys <= state.keys():
-        raise ValueError(f"--resume={path} is not a checkpoint of this script")
-    saved = dict(state["hyperparameters"], world_size=state["world_size"])
-    current = dict(dataclasses.asdict(args), world_size=world_size)
-    differing = [f"{name} (checkpoint {saved.get(name)!r}, now {value!r})"
-                 for name, value in current.items()
-                 if name not in RUN_FIELDS and saved.get(name) != value]
-    if differing:
-        raise ValueError(f"{path} comes from a different configuration: {'; '.join(differing)}."
-                         f" Resume with the checkpoint's values (the world size is torchrun's "
-                         f"--nproc_per_node x --nnodes), or start a new run")
-    return state
+def log_peak_memory(log, device):
+    if device.type == "cuda":
+        log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
+    else:  # ru_maxrss is in KiB on Linux
+        log(f"peak memory consumption: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"
+            f" MiB (CPU run: peak resident set size of rank 0)")
 
 
 class TrainClock:
     """Milliseconds spent training: validation and checkpoints run inside paused()."""
 
-    def __init__(self, device, elapsed_ms=0.0):
+    def __init__(self, device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-        self.elapsed_ms = elapsed_ms  # up to the last pause
+        self.elapsed_ms = 0.0  # up to the last pause
         self.sync()
         self.start = time.perf_counter()
 
@@ -875,263 +855,237 @@ class TrainClock:
 
 
 class StepReports:
-    """Each step's mean train loss and stop request, read on the host one step late.
+    """Each step's line, with the mean train loss, and any rank's stop request, read a step late.
 
-    Reading a value as soon as the GPU has computed it makes the CPU wait for the whole step,
-    and the GPU then idles while the CPU prepares the next one. Instead each step's
-    [loss, stop request] is averaged over the ranks and copied to pinned host memory without
-    waiting, and read once the next step has been queued, by when the copy has arrived.
-    Validation and checkpoints wait for the GPU anyway; they read the pending step at once.
+    Reading a value the GPU has just computed makes the CPU wait for the step, and the GPU then
+    idles while the CPU prepares the next one. So each step's [loss, stop request] is copied to
+    pinned host memory without waiting, and read once the next step has been queued.
     """
 
-    def __init__(self, clock, device):
-        self.clock, self.pending = clock, None
-        self.stop_flag = torch.zeros((), device=device)
+    def __init__(self, clock, log, num_iterations):
+        self.clock, self.log, self.num_iterations, self.pending = clock, log, num_iterations, None
 
     def push(self, step, loss, stop_requested):
-        """Queue this step's values; return the previous step's report, if one is pending."""
-        values = all_ranks_mean(torch.stack([loss, self.stop_flag.fill_(stop_requested)]))
-        arrived, ms = None, None
-        if values.is_cuda:
-            host = torch.empty(2, pin_memory=True)
-            host.copy_(values, non_blocking=True)
-            arrived = torch.cuda.Event()
+        """Queue this step's values; log and return the previous step's, if one is pending."""
+        values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, stop_requested)]))
+        host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
+        arrived = torch.cuda.Event() if values.is_cuda else None
+        if arrived:
             arrived.record()
-        else:  # on a CPU the step is already done
-            host, ms = values, self.clock.ms()
-        previous, self.pending = self.pending, (step, host, arrived, ms)
+        previous, self.pending = self.pending, (step, host, arrived, self.clock.ms())
         return self._read(previous)
 
     def flush(self):
-        """The pending step's report now, if there is one."""
+        """Log and return the pending step's report now, if there is one."""
         previous, self.pending = self.pending, None
         return self._read(previous)
 
     def _read(self, pending):
-        """(step, mean train loss, whether any rank asked to stop, train time in ms) or None."""
+        """(step, mean train loss, whether any rank asked to stop), or None."""
         if pending is None:
             return None
         step, host, arrived, ms = pending
-        if arrived is not None:
+        if arrived:
             arrived.synchronize()  # long done unless the CPU is more than a step ahead
             ms = self.clock.ms()  # the step has certainly finished by now
         loss, stop = host.tolist()
-        return step, loss, stop > 0, ms
+        self.log(f"step:{step}/{self.num_iterations} train_time:{ms:.0f}ms "
+                 f"step_avg:{ms / step:.2f}ms train_loss:{loss:.4f}")
+        return step, loss, stop > 0
 
 
-@contextlib.contextmanager
-def stop_signals():
-    """Turn Ctrl-C and SIGTERM into a request to stop, which the loop shares between ranks."""
-    received = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def training_state(model, adam, muon, loader):
+    """Everything the following steps depend on. Muon's part is a collective: all ranks call."""
+    return dict(model=model.state_dict(), adam=adam.state_dict(), muon=muon.state_dict(),
+                train_loader=loader.state_dict())
 
 
-def stop_if_not_finite(value, what, step, last_checkpoint, log):
-    """End the run on a NaN or infinity. Values are reduced over ranks, so all ranks stop alike."""
-    if math.isfinite(value):
-        return
-    found = (f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else
-             "no checkpoint was written (--checkpoint_every=K writes one every K steps)")
-    message = f"step {step}: the {what} is {value}, so the run stops here; {found}"
-    log(message)
-    raise FloatingPointError(message)
+def restore_training_state(state, model, adam, muon, loader):
+    """Put a training_state() back: the weights are copied into the model's own tensors."""
+    model.load_state_dict(state["model"])
+    adam.load_state_dict(state["adam"])
+    muon.load_state_dict(state["muon"])
+    loader.load_state_dict(state["train_loader"])
+
+# ----------------------------------------------------------------------------- long runs
+# None of this changes what is computed. A checkpoint holds the whole training state and the
+# step, so a resumed run takes the same batches and reaches the same weights as one that never
+# stopped. Ctrl-C, SIGTERM and non-finite values stop every rank after the same step.
+
+# A resumed run may change these: they change neither the batches nor the weights.
+RUN_FIELDS = {"val_files", "val_tokens", "val_every", "warmup_steps", "log_dir",
+              "checkpoint_every", "save_checkpoint", "resume"}
 
 
-def make_run_id():
-    """One id on every rank: torchrun's, which its restarted workers keep, or a new uuid."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    return run_id if run_id != "none" else on_rank_0(lambda: str(uuid.uuid4()))
+class LongRun:
+    """The run id, checkpoints and stops, for the training loop."""
 
-
-def make_logger(args, rank, run_id):
-    """Return log(line): print on rank 0 and append to logs/<run id>.txt, flushed each line."""
-    if rank != 0:
-        return lambda line, console=True: None
-    path = os.path.join(args.log_dir, f"{run_id}.txt")
-    log_file = open(path, "a")  # a restarted worker goes on with the same log
-    print(f"logging to {path}")
-
-    def log(line, console=True):
-        if console:
-            print(line)
-        log_file.write(line + "\n")
-        log_file.flush()
-    return log
-
-
-def log_run_header(log, args, world_size, seq_len, train_files, val_files):
-    """Everything needed to reproduce the run: code, versions, hardware, data, settings."""
-    with open(__file__) as f:
-        log(f.read(), console=False)
-    log("=" * 100, console=False)
-    cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
-    log(f"Python {platform.python_version()}, PyTorch {torch.__version__}, CUDA {cuda}")
-    log("allocator settings: " + ", ".join(f"{name}={os.environ[name]}" for name in
-                                           ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-                                           if name in os.environ))
-    if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True)
-        log(smi.stdout, console=False)
-    log(f"train files: {' '.join(train_files)}", console=False)
-    log(f"val files: {' '.join(val_files)}", console=False)
-    log(f"hyperparameters: {dataclasses.asdict(args)}")
-    log(f"world size {world_size}: {args.batch_size // world_size // seq_len} sequence(s) of "
-        f"{seq_len} tokens per rank per step")
-    if seq_len < args.micro_batch_size:
-        log(f"note: each rank's slice ({seq_len} tokens) is shorter than --micro_batch_size="
-            f"{args.micro_batch_size}: attention sees shorter context, so this is a different "
-            f"run from the reference")
-
-
-def setup_device():
-    """(rank, world size, device): torchrun's process group, or one process without torchrun."""
-    if not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & os.environ.keys():  # a user's wins
-        # segments that grow in place, so freed memory is not stranded in fragments; this must
-        # be set before CUDA starts
-        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if "RANK" in os.environ:  # launched by torchrun, on one node or many
-        store, rank, world_size = next(dist.rendezvous("env://"))
-        # torchrun keeps its store when it restarts the workers: without a fresh prefix they
-        # would read the previous attempt's addresses and fail or hang while connecting
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
-                                store=dist.PrefixStore(f"attempt{attempt}", store))
-        return rank, world_size, device
-    return 0, 1, device
-
-
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    rank, world_size, device = setup_device()
-    try:
-        return train(args, rank, world_size, device)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def train(args, rank, world_size, device):
-    """The speedrun proper. Returns the validation losses as {step: loss}."""
-    check_config(args, world_size)
-    check_log_dir(args.log_dir)
-    seq_len = sequence_length(args, world_size)
-    train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
-    val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
-    val_shard_tokens = check_shard(val_loader.files[0])
-    if val_shard_tokens <= args.val_tokens:
-        raise ValueError(f"{val_loader.files[0]} holds {val_shard_tokens} tokens, not more than "
-                         f"--val_tokens={args.val_tokens}; validate on fewer tokens")
-    run_id = make_run_id()
-    resume = on_rank_0(resume_path, args, run_id)
-    checkpoint = load_checkpoint(resume, args, world_size) if resume else None
-    log = make_logger(args, rank, run_id)
-    log_run_header(log, args, world_size, seq_len, train_loader.files, val_loader.files)
-    if checkpoint:
-        log(f"resuming from {resume}: step {checkpoint['step']} of run {checkpoint['run_id']}")
-
-    model, compiled, ddp_model = build_model(args, device)
-    adam, muon = build_optimizers(model, args)
-    window = torch.tensor(1, dtype=torch.int32, device=device)
-
-    def step_once(step):
-        window.fill_(window_blocks(step, args.num_iterations))
-        inputs, targets = train_loader.next_batch(args.batch_size)
-        loss = train_step(ddp_model, inputs, targets, window, seq_len)
-        optimizer_step(adam, muon, step, args)
-        return loss
-
-    def checkpoint_path(step):
-        return os.path.join(args.log_dir, run_id, f"state_step{step:06d}.pt")
-
-    def save(step, train_time_ms, last_checkpoint):
-        """Write the state after `step` steps (rank 0 writes, all gather); return the path."""
-        started = time.perf_counter()
-        weight_norm = torch.stack([p.detach().float().norm() for p in model.parameters()]).norm()
-        stop_if_not_finite(weight_norm.item(), "norm of the weights", step, last_checkpoint, log)
-        path = checkpoint_path(step)
-        state = dict(training_state(model, adam, muon, train_loader), step=step, run_id=run_id,
-                     world_size=world_size, hyperparameters=dataclasses.asdict(args),
-                     train_time_ms=train_time_ms)
-        try:
-            on_rank_0(write_checkpoint, state, path)
+    def __init__(self, args, world_size):
+        """Take the run id and read the checkpoint to continue from, before anything is logged."""
+        self.args, self.world_size = args, world_size
+        try:  # every rank checks, so all stop alike
+            os.makedirs(args.log_dir, exist_ok=True)
         except OSError as err:
-            message = f"cannot write the checkpoint {path} ({err}); free space or change --log_dir"
-            log(message)
-            raise OSError(message) from None
-        log(f"checkpoint: step {step} written to {path} in "
-            f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
-        return path
+            raise ValueError(f"--log_dir={args.log_dir}: cannot make the folder ({err.strerror})")
+        if not os.access(args.log_dir, os.W_OK | os.X_OK):
+            raise ValueError(f"--log_dir={args.log_dir}: the folder is not writable")
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's, kept over restarts
+        self.id = run_id if run_id != "none" else on_rank_0(lambda: str(uuid.uuid4()))
+        self.resume = on_rank_0(resume_path, args, self.id)  # all ranks read rank 0's choice
+        self.checkpoint = load_checkpoint(self.resume, args, world_size) if self.resume else None
+        self.last_checkpoint, self.stop, self.signals = self.resume, False, []
 
-    def report(result):
-        """Log a step's line and stop on a non-finite loss; return whether a rank asked to stop."""
-        if result is None:
-            return False
-        done, loss, stop, ms = result
-        log(f"step:{done}/{args.num_iterations} train_time:{ms:.0f}ms "
-            f"step_avg:{ms / done:.2f}ms train_loss:{loss:.4f}")
-        stop_if_not_finite(loss, "training loss", done, last_checkpoint, log)
-        return stop
+    @contextlib.contextmanager
+    def start(self, state, clock, reports, log):
+        """Restore the checkpoint if there is one, and turn Ctrl-C and SIGTERM into a request to
+        stop, shared between ranks with the loss. Yields the step to start from."""
+        self.state, self.clock, self.reports, self.log = state, clock, reports, log
+        self.first_step = 0
+        if self.checkpoint:
+            log(f"resuming from {self.resume}: step {self.checkpoint['step']} of run "
+                f"{self.checkpoint['run_id']}")
+            restore_training_state(self.checkpoint, *state)
+            self.first_step, clock.elapsed_ms = self.checkpoint["step"], self.checkpoint[
+                "train_time_ms"]
+            self.checkpoint = None  # the state now lives in the model and the optimizers
+        previous = {sig: signal.signal(sig, lambda signum, frame: self.signals.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self.first_step
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
-    # Compile and warm up on a few steps, then put everything back as it was (or as the
-    # checkpoint has it): the timed run is exactly the run that would have happened without.
-    # The snapshot waits in host memory, so the GPU never holds a second copy of the weights.
-    state = checkpoint or host_copy(training_state(model, adam, muon, train_loader))
-    for step in range(args.warmup_steps):
-        step_once(step)
-    restore_training_state(state, model, adam, muon, train_loader)
-    first_step = checkpoint["step"] if checkpoint else 0
-    train_time_ms = checkpoint["train_time_ms"] if checkpoint else 0.0
-    del state, checkpoint  # the weights and optimizer states now live in the model and optimizers
+    def between_steps(self, step, validate):
+        """After `step` steps: write a checkpoint if one is due, and stop if a rank asked to."""
+        args, last = self.args, step == self.args.num_iterations
+        due = step > self.first_step and ((last and args.save_checkpoint) or (
+            args.checkpoint_every and step % args.checkpoint_every == 0))
+        if validate or due or self.stop:  # these wait for the GPU anyway: read the step now
+            self.check(self.reports.flush())
+        if due or (self.stop and (args.checkpoint_every or args.save_checkpoint)):
+            with self.clock.paused():
+                self.save(step)
+        if self.stop:
+            self.fail(SystemExit, f"interrupted at step {step}; " + (
+                f"continue with --resume={self.last_checkpoint}" if self.last_checkpoint else
+                "no checkpoint (--checkpoint_every or --save_checkpoint write one)"))
 
-    val_losses, last_checkpoint, stop = {}, resume, False
-    with stop_signals() as received:
-        clock = TrainClock(device, train_time_ms)
-        reports = StepReports(clock, device)
-        for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
-            last = step == args.num_iterations
-            validate = last or (args.val_every and step % args.val_every == 0)
-            save_now = step > first_step and ((last and args.save_checkpoint) or (
-                args.checkpoint_every and step % args.checkpoint_every == 0))
-            if validate or save_now or stop:  # these wait for the GPU anyway: read the step now
-                stop = report(reports.flush()) or stop
-            if save_now or (stop and (args.checkpoint_every or args.save_checkpoint)):
-                with clock.paused():
-                    last_checkpoint = save(step, clock.elapsed_ms, last_checkpoint)
-            if stop:
-                message = f"interrupted at step {step}; " + (
-                    f"continue with --resume={last_checkpoint}" if last_checkpoint else
-                    "no checkpoint (--checkpoint_every or --save_checkpoint write one)")
-                log(message)
-                raise SystemExit(message)
-            if validate:
-                with clock.paused():
-                    window.fill_(window_blocks(step, args.num_iterations))
-                    val_loss = evaluate(compiled, val_loader, args, window, world_size).item()
-                    val_losses[step], ms = val_loss, clock.elapsed_ms
-                    log(f"step:{step}/{args.num_iterations} val_loss:{val_loss:.4f} "
-                        f"train_time:{ms:.0f}ms step_avg:{ms / max(step, 1):.2f}ms")
-                    stop_if_not_finite(val_loss, "validation loss", step, last_checkpoint, log)
-            if last:
-                break
-            loss = step_once(step)
-            stop = report(reports.push(step + 1, loss, stop_requested=bool(received)))
+    def after_step(self, step, loss):
+        """Queue step `step`'s loss and stop request, and check the previous step's."""
+        self.check(self.reports.push(step, loss, stop_requested=bool(self.signals)))
 
-    if device.type == "cuda":
-        log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
-    else:  # ru_maxrss is in KiB on Linux
-        log(f"peak memory consumption: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"
-            f" MiB (CPU run: peak resident set size of rank 0)")
-    return val_losses
+    def check(self, report):
+        """Stop on a non-finite train loss; note a stop request, honoured before the next step."""
+        if report is not None:
+            step, loss, stop = report
+            self.check_finite(loss, "training loss", step)
+            self.stop = self.stop or stop
+
+    def check_finite(self, value, what, step):
+        """End the run on a NaN or infinity. The values are all ranks' means, so all stop."""
+        if not math.isfinite(value):
+            self.fail(FloatingPointError, f"step {step}: the {what} is {value}, so the run stops "
+                      f"here; " + (f"the last good checkpoint is {self.last_checkpoint}" if
+                                   self.last_checkpoint else "no checkpoint was written "
+                                   "(--checkpoint_every=K writes one every K steps)"))
+
+    def fail(self, error, message):
+        self.log(message)
+        raise error(message)
+
+    def save(self, step):
+        """Write the training state after `step` steps: rank 0 writes, the others wait."""
+        started = time.perf_counter()
+        weights = torch.stack([p.detach().float().norm() for p in self.state[0].parameters()])
+        self.check_finite(weights.norm().item(), "norm of the weights", step)
+        path = os.path.join(self.args.log_dir, self.id, f"state_step{step:06d}.pt")
+        checkpoint = dict(training_state(*self.state), step=step, run_id=self.id,
+                          world_size=self.world_size, train_time_ms=self.clock.elapsed_ms,
+                          hyperparameters=dataclasses.asdict(self.args))
+        try:
+            on_rank_0(write_checkpoint, checkpoint, path)
+        except OSError as err:
+            self.fail(OSError, f"cannot write the checkpoint {path} ({err}); free space or "
+                      f"change --log_dir")
+        self.log(f"checkpoint: step {step} written to {path} in "
+                 f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
+        self.last_checkpoint = path
+
+
+def on_rank_0(fn, *args):
+    """fn(*args) run by rank 0 alone, while the others wait; all get its result or its error."""
+    outcome = [None, None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            outcome[0] = fn(*args)
+        except (ValueError, OSError) as err:
+            outcome[1] = err
+    if dist.is_initialized():
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[1] is not None:
+        raise outcome[1]
+    return outcome[0]
+
+
+def resume_path(args, run_id):
+    """The checkpoint to continue from, or "": after torchrun restarts the workers
+    (--max-restarts), the run's own newest; otherwise --resume, a folder meaning its newest."""
+    own = checkpoints_in(os.path.join(args.log_dir, run_id))
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and own:
+        return own[-1]
+    if os.path.isdir(args.resume):
+        found = checkpoints_in(args.resume)
+        if not found:
+            raise FileNotFoundError(f"--resume={args.resume}: the folder holds no checkpoint "
+                                    f"(state_step*.pt)")
+        return found[-1]
+    return args.resume
+
+
+def checkpoints_in(folder):
+    """The complete checkpoints in `folder`, oldest first (a write in progress has another name)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    steps = sorted(int(m[1]) for m in map(re.compile(r"state_step(\d+)\.pt").fullmatch, names) if m)
+    return [os.path.join(folder, f"state_step{step:06d}.pt") for step in steps]
+
+
+def write_checkpoint(state, path, keep=2):
+    """Save `state` to `path`, then delete all but the newest `keep` checkpoints in its folder.
+    The bytes go to a temporary name, renamed once complete: a crash mid-write breaks nothing."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path + ".partial"
+    with open(partial, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    for old in checkpoints_in(os.path.dirname(path))[:-keep]:
+        if old != path:
+            os.remove(old)
+
+
+def load_checkpoint(path, args, world_size):
+    """Read a checkpoint, refusing one from another configuration with the differing fields."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--resume={path}: no such file")
+    try:  # whatever torch.load cannot read as plain tensors and containers is no checkpoint
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"--resume={path} is not a readable checkpoint ({type(err).__name__}: "
+                         f"{str(err).strip()[:200]})") from None
+    if not isinstance(state, dict) or "hyperparameters" not in state:
+        raise ValueError(f"--resume={path} is not a checkpoint of this script")
+    saved = dict(state["hyperparameters"], world_size=state["world_size"])
+    current = dict(dataclasses.asdict(args), world_size=world_size)
+    differing = [f"{name} (checkpoint {saved.get(name)!r}, now {value!r})"
+                 for name, value in current.items()
+                 if name not in RUN_FIELDS and saved.get(name) != value]
+    if differing:
+        raise ValueError(f"{path} comes from a different configuration: {'; '.join(differing)}."
+                         f" Resume with the checkpoint's values (the world size is torchrun's "
+                         f"--nproc_per_node x --nnodes), or start a new run")
+    return state
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def parse(argv):
 def main(argv=None):
     own, args = parse(sys.argv[1:] if argv is None else argv)
     rank, world_size, device = train_gpt.setup_device()
-    train_gpt.check_config(args, world_size)
+    train_gpt.check_config(args, world_size, val_shard_tokens=float("inf"))  # no validation here
     seq_len = train_gpt.sequence_length(args, world_size)
     loader = train_gpt.DistributedDataLoader(args.train_files, rank, world_size, device)
     model, _, ddp_model = train_gpt.build_model(args, device)

@@ -178,15 +178,6 @@ def test_a_failed_write_stops_every_rank(tmp_path):
                             r"No space left on device\); free space or change --log_dir", stopped)
 
 
-def test_a_taken_run_id_is_refused(tmp_path, monkeypatch):
-    """A second job with the same torchrun --rdzv-id must not take over the first one's files."""
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job1")
-    main(TINY + [f"--log_dir={tmp_path}", "--num_iterations=1"])
-    with pytest.raises(ValueError, match=r"run id job1 is taken: \S+job1.txt or \S+job1/ exists;"
-                       r" give torchrun a new --rdzv-id"):
-        main(TINY + [f"--log_dir={tmp_path}"])
-
-
 def test_checkpoint_writes_are_atomic_and_keep_the_newest_two(tmp_path, monkeypatch):
     for step in range(1, 5):
         write_checkpoint({"step": step}, str(tmp_path / f"state_step{step:06d}.pt"))

@@ -15,7 +15,7 @@ from synthetic_fineweb import write_synthetic_shards  # noqa: E402
 
 
 def reference_stream(shards, batch_size, world_size, steps):
-    """SPEC section 7 written out literally: per step, every rank's (inputs, targets) as lists."""
+    """The stream rule written out literally: per step, every rank's (inputs, targets) as lists."""
     shard, pos, out = 0, 0, []
     for _ in range(steps):
         if pos + batch_size + 1 >= len(shards[shard]):

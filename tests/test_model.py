@@ -1,4 +1,4 @@
-"""Model section: the GPT of SPEC section 3 and the attention mask of section 4, on CPU in fp32."""
+"""Model section: the GPT and its document-causal sliding-window attention mask, on CPU in fp32."""
 import math
 
 import numpy as np
@@ -12,7 +12,7 @@ EOT = 50256
 
 
 def token_mask(inputs, window_blocks, block_size=128):
-    """SPEC section 4 per token: the key is not in the future, in the query's document (the one
+    """The mask per token: the key is not in the future, in the query's document (the one
     opened by the latest end-of-text at or before it) and at most window_blocks - 1 blocks back."""
     tokens = np.asarray(inputs)
     latest_eot = np.maximum.accumulate(np.where(tokens == EOT, np.arange(len(tokens)), -1))
@@ -123,7 +123,7 @@ def rms(x):
 
 
 def reference_loss(model, inputs, targets, window, num_layers, num_heads):
-    """SPEC section 3 written out plainly, reading the model's parameters by name."""
+    """The model written out plainly, reading the model's parameters by name."""
     p = dict(model.named_parameters())
     T, D = len(inputs), p["embed.weight"].size(1)
     hd = D // num_heads

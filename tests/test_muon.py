@@ -46,7 +46,7 @@ def test_compiled_newton_schulz_matches_eager():
 
 
 def newton_schulz(g, steps=5):
-    """The quintic iteration of SPEC section 5, written out for comparison."""
+    """The quintic Newton-Schulz iteration, written out for comparison."""
     x = g.T if g.size(0) > g.size(1) else g
     x = x / (x.norm() + 1e-7)
     for _ in range(steps):
