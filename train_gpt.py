@@ -233,8 +233,8 @@ class Muon(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict):
-        """Load a state_dict(), keeping copies of the buffers of the parameters this rank updates
-        (a buffer that is a view would keep alive the whole tensor it views)."""
+        """Load a state_dict(), keeping copies of the buffers of the parameters this rank updates:
+        the loaded tensors may be views of a larger one, or belong to the caller's snapshot."""
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for i, p in enumerate(group["params"]):
@@ -778,9 +778,9 @@ def check_config(args, world_size, val_shard_tokens):
     if args.val_tokens % (world_size * args.micro_batch_size):
         raise ValueError(f"--val_tokens={args.val_tokens} must be a multiple of world size x "
                          f"micro batch = {world_size * args.micro_batch_size}")
-    if args.val_tokens >= val_shard_tokens:
+    if args.val_tokens + 1 >= val_shard_tokens:  # the targets reach one token further
         raise ValueError(f"the val shard holds {val_shard_tokens} tokens, not more than "
-                         f"--val_tokens={args.val_tokens}; validate on fewer tokens")
+                         f"--val_tokens={args.val_tokens} + 1; validate on fewer tokens")
 
 
 def all_ranks_mean(x):
@@ -929,7 +929,7 @@ class LongRun:
             raise ValueError(f"--log_dir={args.log_dir}: cannot make the folder ({err.strerror})")
         if not os.access(args.log_dir, os.W_OK | os.X_OK):
             raise ValueError(f"--log_dir={args.log_dir}: the folder is not writable")
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's, kept over restarts
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's lasts over restarts
         self.id = run_id if run_id != "none" else on_rank_0(lambda: str(uuid.uuid4()))
         self.resume = on_rank_0(resume_path, args, self.id)  # all ranks read rank 0's choice
         self.checkpoint = load_checkpoint(self.resume, args, world_size) if self.resume else None
@@ -944,9 +944,10 @@ class LongRun:
         if self.checkpoint:
             log(f"resuming from {self.resume}: step {self.checkpoint['step']} of run "
                 f"{self.checkpoint['run_id']}")
-            restore_training_state(self.checkpoint, *state)
-            self.first_step, clock.elapsed_ms = self.checkpoint["step"], self.checkpoint[
-                "train_time_ms"]
+            with clock.paused():  # not training time
+                restore_training_state(self.checkpoint, *state)
+                self.first_step, clock.elapsed_ms = self.checkpoint["step"], self.checkpoint[
+                    "train_time_ms"]
             self.checkpoint = None  # the state now lives in the model and the optimizers
         previous = {sig: signal.signal(sig, lambda signum, frame: self.signals.append(signum))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -1019,7 +1020,7 @@ def on_rank_0(fn, *args):
     if not dist.is_initialized() or dist.get_rank() == 0:
         try:
             outcome[0] = fn(*args)
-        except (ValueError, OSError) as err:
+        except Exception as err:  # whatever it is, the other ranks must hear of it
             outcome[1] = err
     if dist.is_initialized():
         dist.broadcast_object_list(outcome, src=0)

@@ -95,6 +95,25 @@ def test_impossible_configurations_are_refused(override, world_size, message):
         check_config(args, world_size, val_shard_tokens=2048)
 
 
+@pytest.mark.parametrize("shard_tokens", [1024, 1025, 1026, 1027])
+def test_the_val_shard_check_agrees_with_the_loader(shard_tokens, tmp_path):
+    """Validation reads val_tokens inputs and one more target; the loader leaves (here: wraps
+    around) a shard as soon as a batch would reach its last token."""
+    train_gpt.write_shard(tmp_path / "val_000000.bin", [7] * shard_tokens)
+    loader = train_gpt.DistributedDataLoader(str(tmp_path / "val_*.bin"), 0, 1)
+    for _ in range(4):
+        loader.next_batch(256)
+    stays_in_the_shard = loader.pos == 1024
+    args = dataclasses.replace(parse_args(TINY), val_tokens=1024)
+    try:
+        check_config(args, 1, val_shard_tokens=shard_tokens)
+        accepted = True
+    except ValueError as err:
+        assert f"holds {shard_tokens} tokens, not more than --val_tokens=1024 + 1" in str(err)
+        accepted = False
+    assert accepted == stays_in_the_shard
+
+
 # Every hyperparameter with an impossible value: (argument, error, message). {tmp} is a folder
 # holding a text file, a tensor file, a truncated file, a pickled object that is not plain data
 # (only weights_only=False would load it) and an empty folder.
