@@ -18,12 +18,18 @@ blocks and the head, not the embedding tables) x the rank's tokens, plus 12 x mo
 (query, key) pairs the attention mask allows, per attention layer, counted on the real batches.
 The loop's log lines and loss reduction are not part of the timed step.
 
+With --profile N, N more steps run under torch.profiler: their Chrome trace (gzipped), the kernels
+that took the most GPU time, and the GPU's idle gaps (time with no kernel, copy or memset
+running) go beside the JSON, as <json stem>_trace.json.gz and <json stem>_profile.txt.
+
 For machines without FineWeb, make shards of the same shape with data/synthetic_fineweb.py:
     python data/synthetic_fineweb.py 1 --val-tokens 11000000
     python benchmarks/bench_step.py --train_files='data/synthetic/synthetic_train_*.bin'
 """
 import argparse
+import collections
 import dataclasses
+import gzip
 import json
 import resource
 import sys
@@ -66,6 +72,104 @@ def step_flops(model, args, inputs, window_blocks, seq_len):
             12 * args.model_dim * pairs * attention_layers)
 
 
+# Kernel families, by a part of the kernel's name; the first that matches counts.
+FAMILIES = [("matrix products", ("nvjet", "gemm", "cutlass", "splitKreduce")),
+            ("FlexAttention backward", ("flex_attention_backward",)),
+            ("FlexAttention forward", ("flex_attention",)),
+            ("softmax and cross-entropy", ("softmax", "nll_loss")),
+            ("RMS norms, with what the compiler fused into them", ("rms_norm",)),
+            ("other compiled kernels", ("triton",)),
+            ("copies and memsets", ("Memcpy", "Memset")),
+            ("other", ("",))]
+
+
+def gpu_timeline(trace, top=25):
+    """What the GPU did, from a Chrome trace of torch.profiler (times in us).
+
+    The GPU is busy while any kernel, copy or memset runs; a gap is a stretch between the first
+    and the last of them with none running. Returns the span, busy and idle time, the `top`
+    kernels and gaps, the time per kernel family, and for each annotated range on the GPU (the
+    optimizers' steps) its total span and busy time.
+    """
+    events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"
+                     and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                    key=lambda e: e["ts"])
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    families = collections.Counter()
+    gaps, busy, previous = [], [], None  # busy: disjoint (start, end) intervals
+    for e in events:
+        totals[e["name"]][0] += 1
+        totals[e["name"]][1] += e["dur"]
+        families[next(f for f, parts in FAMILIES if any(p in e["name"] for p in parts))] += e["dur"]
+        start, end = e["ts"], e["ts"] + e["dur"]
+        if busy and start <= busy[-1][1]:
+            busy[-1] = (busy[-1][0], max(busy[-1][1], end))
+        else:
+            if busy:
+                gaps.append((start - busy[-1][1], previous["name"], e["name"]))
+            busy.append((start, end))
+        if end >= busy[-1][1]:
+            previous = e
+
+    def busy_between(a, b):
+        return sum(max(0.0, min(b, end) - max(a, start)) for start, end in busy)
+
+    ranges = collections.defaultdict(lambda: [0.0, 0.0])
+    for e in trace["traceEvents"]:
+        if e.get("cat") == "gpu_user_annotation":
+            ranges[e["name"]][0] += e["dur"]
+            ranges[e["name"]][1] += busy_between(e["ts"], e["ts"] + e["dur"])
+    span = busy[-1][1] - busy[0][0] if busy else 0.0
+    busy_us = sum(end - start for start, end in busy)
+    kernels = sorted(((t, n, name) for name, (n, t) in totals.items()), reverse=True)[:top]
+    return dict(span_us=span, busy_us=busy_us, idle_us=span - busy_us, kernels=kernels,
+                gaps=sorted(gaps, reverse=True)[:top], families=families.most_common(),
+                ranges=dict(ranges))
+
+
+def timeline_report(timeline, steps):
+    """The lines of a gpu_timeline() of `steps` steps, per step."""
+    per_step = lambda us: us / 1e3 / steps  # noqa: E731
+    lines = [f"{steps} steps: GPU busy {per_step(timeline['busy_us']):.2f} ms per step, idle "
+             f"{per_step(timeline['idle_us']):.2f} ms per step", "",
+             "GPU time by kernel family: ms per step"]
+    lines += [f"{per_step(t):9.2f}  {family}" for family, t in timeline["families"]]
+    lines += ["", "annotated ranges: ms per step on the GPU's timeline, of which busy"]
+    lines += [f"{per_step(span):9.2f} {per_step(busy):9.2f}  {name}"
+              for name, (span, busy) in sorted(timeline["ranges"].items())]
+    lines += ["", "kernels by GPU time: ms per step, launches per step, name"]
+    lines += [f"{per_step(t):9.3f} {count / steps:7.1f}  {name[:120]}"
+              for t, count, name in timeline["kernels"]]
+    lines += ["", "largest idle gaps: us, the kernel before, the kernel after"]
+    lines += [f"{gap:9.1f}  {before[:60]}  ->  {after[:60]}"
+              for gap, before, after in timeline["gaps"]]
+    return lines
+
+
+def profile_steps(run_step, steps, stem, cuda):
+    """Run `steps` under torch.profiler; write the trace and a summary next to `stem`."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
+    with profile(activities=activities) as prof:
+        for step in steps:
+            run_step(step)
+        if cuda:
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(f"{stem}_trace.json")
+    with open(f"{stem}_trace.json", "rb") as raw, gzip.open(f"{stem}_trace.json.gz", "wb") as gz:
+        trace = json.load(raw)
+        raw.seek(0)
+        gz.write(raw.read())
+    Path(f"{stem}_trace.json").unlink()
+    timeline = gpu_timeline(trace)
+    lines = timeline_report(timeline, len(steps)) + [
+        "", "CPU and GPU time per operator",
+        prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else
+                                  "self_cpu_time_total", row_limit=40)]
+    Path(f"{stem}_profile.txt").write_text("\n".join(lines) + "\n")
+    return timeline
+
+
 class Timer:
     """Marks on the timeline: CUDA events on a GPU (no waiting), the host clock on a CPU."""
 
@@ -94,9 +198,11 @@ def parse(argv):
                         help="the GPU's peak, for the utilisation (default 989: H100 SXM, bf16 "
                         "dense)")
     parser.add_argument("--json", default="bench_step.json", help="where to write the results")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then profile N more steps (default 0: none)")
     own, overrides = parser.parse_known_args(argv)
-    if own.steps < 1 or own.warmup < 0:
-        parser.error("--steps must be 1 or more and --warmup 0 or more")
+    if own.steps < 1 or own.warmup < 0 or own.profile < 0:
+        parser.error("--steps must be 1 or more, --warmup and --profile 0 or more")
     return own, train_gpt.parse_args(overrides)
 
 
@@ -155,6 +261,13 @@ def main(argv=None):
         peak_memory_mib=(torch.cuda.max_memory_allocated(device) // 2**20 if device.type == "cuda"
                          else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024),
         hyperparameters=dataclasses.asdict(args))
+    if own.profile:
+        stem = str(Path(own.json).with_suffix("")) + (f"_rank{rank}" if rank else "")
+        after = first + own.steps
+        timeline = profile_steps(run_step, range(after, after + own.profile), stem,
+                                 device.type == "cuda")
+        results.update(profiled_steps=own.profile,
+                       profile_gpu_idle_ms_per_step=timeline["idle_us"] / 1e3 / own.profile)
     if rank == 0:
         for name, value in results.items():
             if name != "hyperparameters":

@@ -1,4 +1,5 @@
 """benchmarks/bench_step.py: its FLOP counts against independent ones, and a run on the CPU."""
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from test_training import TINY
 from train_gpt import GPT, DistributedDataLoader, dense_attention_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from bench_step import attention_pairs, main, matrix_parameters  # noqa: E402
+from bench_step import attention_pairs, gpu_timeline, main, matrix_parameters  # noqa: E402
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -33,8 +34,13 @@ def test_matrix_parameters_of_the_reference_model():
 
 def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     out = tmp_path / "bench.json"
-    results = main(["--steps=2", "--warmup=1", "--at_step=2", f"--json={out}"] + TINY)
+    results = main(["--steps=2", "--warmup=1", "--at_step=2", "--profile=1", f"--json={out}"]
+                   + TINY)
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    with gzip.open(tmp_path / "bench_trace.json.gz") as trace:  # the profiled step's CPU ops
+        events = json.load(trace)["traceEvents"]
+    assert any(e.get("name") == "Optimizer.step#Muon.step" for e in events)
+    assert (tmp_path / "bench_profile.txt").read_text().startswith("1 steps: GPU busy 0.00 ms")
     assert results["device"] == "cpu" and results["micro_batches_per_step"] == 2
     assert results["window_blocks"] == [7, 11]  # steps 2 and 3 of 4: ((1 - x) 128 + x 1856) // 128
     # 2 blocks of 64 wide (attention 4 x 64 x 64, MLP 2 x 64 x 256) and the 50304 x 64 head
@@ -52,3 +58,26 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     flops = 1e12 * (results["matrix_tflop_per_step"] + results["attention_tflop_per_step"])
     assert results["mfu"] == pytest.approx(flops / results["ms_per_step"] * 1e3 / 989e12)
     assert results["peak_memory_mib"] > 0 and results["compile_and_warmup_s"] > 0
+
+
+def test_gpu_timeline_counts_busy_time_gaps_families_and_ranges():
+    def kernel(name, ts, dur, cat="kernel"):
+        return dict(ph="X", cat=cat, name=name, ts=ts, dur=dur)
+    trace = dict(traceEvents=[  # in us; out of order, as a trace may be
+        kernel("triton_poi_fused_mul", 30, 1),
+        kernel("nvjet_sm90_tst_192x192", 0, 10),
+        kernel("triton_per_fused__fused_rms_norm_add", 5, 7),  # overlaps the product
+        kernel("Memcpy HtoD (Pinned -> Device)", 20, 5, cat="gpu_memcpy"),
+        kernel("aten::mm", 0, 40, cat="cpu_op"),  # CPU side: not GPU time
+        dict(ph="X", cat="gpu_user_annotation", name="Optimizer.step#Muon.step", ts=8, dur=20)])
+    timeline = gpu_timeline(trace)
+    # busy [0, 12), [20, 25), [30, 31): 18 of a 31 us span
+    assert (timeline["span_us"], timeline["busy_us"], timeline["idle_us"]) == (31, 18, 13)
+    assert timeline["gaps"] == [(8, "triton_per_fused__fused_rms_norm_add",
+                                 "Memcpy HtoD (Pinned -> Device)"),
+                                (5, "Memcpy HtoD (Pinned -> Device)", "triton_poi_fused_mul")]
+    assert dict(timeline["families"]) == {
+        "matrix products": 10, "RMS norms, with what the compiler fused into them": 7,
+        "copies and memsets": 5, "other compiled kernels": 1}
+    assert timeline["ranges"] == {"Optimizer.step#Muon.step": [20, 4 + 5]}  # [8, 28): 4 + 5 busy
+    assert timeline["kernels"][0] == (10, 1, "nvjet_sm90_tst_192x192")
