@@ -88,19 +88,24 @@ def gpu_timeline(trace, top=25):
 
     The GPU is busy while any kernel, copy or memset runs; a gap is a stretch between the first
     and the last of them with none running. Returns the span, busy and idle time, the `top`
-    kernels and gaps, the time per kernel family, and for each annotated range on the GPU (the
-    optimizers' steps) its total span and busy time.
+    kernels and gaps, the time per kernel family (in all, and outside the annotated ranges: the
+    forward and backward passes when the annotations are the optimizers' steps), and for each
+    annotated range on the GPU its total span and busy time.
     """
     events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"
                      and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                     key=lambda e: e["ts"])
+    annotations = [e for e in trace["traceEvents"] if e.get("cat") == "gpu_user_annotation"]
     totals = collections.defaultdict(lambda: [0, 0.0])
-    families = collections.Counter()
+    families, outside = collections.Counter(), collections.Counter()
     gaps, busy, previous = [], [], None  # busy: disjoint (start, end) intervals
     for e in events:
         totals[e["name"]][0] += 1
         totals[e["name"]][1] += e["dur"]
-        families[next(f for f, parts in FAMILIES if any(p in e["name"] for p in parts))] += e["dur"]
+        family = next(f for f, parts in FAMILIES if any(p in e["name"] for p in parts))
+        families[family] += e["dur"]
+        if not any(a["ts"] <= e["ts"] < a["ts"] + a["dur"] for a in annotations):
+            outside[family] += e["dur"]
         start, end = e["ts"], e["ts"] + e["dur"]
         if busy and start <= busy[-1][1]:
             busy[-1] = (busy[-1][0], max(busy[-1][1], end))
@@ -115,25 +120,26 @@ def gpu_timeline(trace, top=25):
         return sum(max(0.0, min(b, end) - max(a, start)) for start, end in busy)
 
     ranges = collections.defaultdict(lambda: [0.0, 0.0])
-    for e in trace["traceEvents"]:
-        if e.get("cat") == "gpu_user_annotation":
-            ranges[e["name"]][0] += e["dur"]
-            ranges[e["name"]][1] += busy_between(e["ts"], e["ts"] + e["dur"])
+    for e in annotations:
+        ranges[e["name"]][0] += e["dur"]
+        ranges[e["name"]][1] += busy_between(e["ts"], e["ts"] + e["dur"])
     span = busy[-1][1] - busy[0][0] if busy else 0.0
     busy_us = sum(end - start for start, end in busy)
     kernels = sorted(((t, n, name) for name, (n, t) in totals.items()), reverse=True)[:top]
     return dict(span_us=span, busy_us=busy_us, idle_us=span - busy_us, kernels=kernels,
                 gaps=sorted(gaps, reverse=True)[:top], families=families.most_common(),
-                ranges=dict(ranges))
+                families_outside_ranges=dict(outside), ranges=dict(ranges))
 
 
 def timeline_report(timeline, steps):
     """The lines of a gpu_timeline() of `steps` steps, per step."""
     per_step = lambda us: us / 1e3 / steps  # noqa: E731
-    lines = [f"{steps} steps: GPU busy {per_step(timeline['busy_us']):.2f} ms per step, idle "
+    lines = [f"{steps} step(s): GPU busy {per_step(timeline['busy_us']):.2f} ms per step, idle "
              f"{per_step(timeline['idle_us']):.2f} ms per step", "",
-             "GPU time by kernel family: ms per step"]
-    lines += [f"{per_step(t):9.2f}  {family}" for family, t in timeline["families"]]
+             "GPU time by kernel family: ms per step, in all and outside the annotated ranges"]
+    outside = timeline["families_outside_ranges"]
+    lines += [f"{per_step(t):9.2f} {per_step(outside.get(family, 0)):9.2f}  {family}"
+              for family, t in timeline["families"]]
     lines += ["", "annotated ranges: ms per step on the GPU's timeline, of which busy"]
     lines += [f"{per_step(span):9.2f} {per_step(busy):9.2f}  {name}"
               for name, (span, busy) in sorted(timeline["ranges"].items())]

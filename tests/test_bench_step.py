@@ -40,7 +40,7 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     with gzip.open(tmp_path / "bench_trace.json.gz") as trace:  # the profiled step's CPU ops
         events = json.load(trace)["traceEvents"]
     assert any(e.get("name") == "Optimizer.step#Muon.step" for e in events)
-    assert (tmp_path / "bench_profile.txt").read_text().startswith("1 steps: GPU busy 0.00 ms")
+    assert (tmp_path / "bench_profile.txt").read_text().startswith("1 step(s): GPU busy 0.00 ms")
     assert results["device"] == "cpu" and results["micro_batches_per_step"] == 2
     assert results["window_blocks"] == [7, 11]  # steps 2 and 3 of 4: ((1 - x) 128 + x 1856) // 128
     # 2 blocks of 64 wide (attention 4 x 64 x 64, MLP 2 x 64 x 256) and the 50304 x 64 head
@@ -67,17 +67,23 @@ def test_gpu_timeline_counts_busy_time_gaps_families_and_ranges():
         kernel("triton_poi_fused_mul", 30, 1),
         kernel("nvjet_sm90_tst_192x192", 0, 10),
         kernel("triton_per_fused__fused_rms_norm_add", 5, 7),  # overlaps the product
+        kernel("nvjet_small", 6, 2),  # inside both: the busy stretch still ends with the norm
         kernel("Memcpy HtoD (Pinned -> Device)", 20, 5, cat="gpu_memcpy"),
+        kernel("Memset (Device)", 25, 1, cat="gpu_memset"),  # starts where the copy ends
         kernel("aten::mm", 0, 40, cat="cpu_op"),  # CPU side: not GPU time
         dict(ph="X", cat="gpu_user_annotation", name="Optimizer.step#Muon.step", ts=8, dur=20)])
     timeline = gpu_timeline(trace)
-    # busy [0, 12), [20, 25), [30, 31): 18 of a 31 us span
-    assert (timeline["span_us"], timeline["busy_us"], timeline["idle_us"]) == (31, 18, 13)
+    # busy [0, 12), [20, 26), [30, 31): 19 of a 31 us span
+    assert (timeline["span_us"], timeline["busy_us"], timeline["idle_us"]) == (31, 19, 12)
     assert timeline["gaps"] == [(8, "triton_per_fused__fused_rms_norm_add",
                                  "Memcpy HtoD (Pinned -> Device)"),
-                                (5, "Memcpy HtoD (Pinned -> Device)", "triton_poi_fused_mul")]
+                                (4, "Memset (Device)", "triton_poi_fused_mul")]
     assert dict(timeline["families"]) == {
-        "matrix products": 10, "RMS norms, with what the compiler fused into them": 7,
-        "copies and memsets": 5, "other compiled kernels": 1}
-    assert timeline["ranges"] == {"Optimizer.step#Muon.step": [20, 4 + 5]}  # [8, 28): 4 + 5 busy
+        "matrix products": 12, "RMS norms, with what the compiler fused into them": 7,
+        "copies and memsets": 6, "other compiled kernels": 1}
+    # the copy and the memset start inside the annotated range [8, 28)
+    assert timeline["families_outside_ranges"] == {
+        "matrix products": 12, "RMS norms, with what the compiler fused into them": 7,
+        "other compiled kernels": 1}
+    assert timeline["ranges"] == {"Optimizer.step#Muon.step": [20, 4 + 6]}  # busy in [8, 28)
     assert timeline["kernels"][0] == (10, 1, "nvjet_sm90_tst_192x192")

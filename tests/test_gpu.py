@@ -148,7 +148,7 @@ def test_expandable_segments_are_on():
     code = ("import os, torch, train_gpt; train_gpt.setup_device(); x = torch.ones(1 << 20, "
             "device='cuda'); print(os.environ['PYTORCH_ALLOC_CONF']); "
             "s = torch.cuda.memory_snapshot(); "
-            "print(bool(s) and all(x.get('is_expandable') for x in s))")
+            "print(bool(s) and all(seg.get('is_expandable') for seg in s))")
     env = {k: v for k, v in __import__("os").environ.items() if "ALLOC_CONF" not in k}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, env=env, timeout=120)
