@@ -161,13 +161,9 @@ def profile_steps(run_step, steps, stem, cuda):
             run_step(step)
         if cuda:
             torch.cuda.synchronize()
-    prof.export_chrome_trace(f"{stem}_trace.json")
-    with open(f"{stem}_trace.json", "rb") as raw, gzip.open(f"{stem}_trace.json.gz", "wb") as gz:
-        trace = json.load(raw)
-        raw.seek(0)
-        gz.write(raw.read())
-    Path(f"{stem}_trace.json").unlink()
-    timeline = gpu_timeline(trace)
+    prof.export_chrome_trace(f"{stem}_trace.json.gz")  # the .gz name makes it compress
+    with gzip.open(f"{stem}_trace.json.gz") as trace:
+        timeline = gpu_timeline(json.load(trace))
     lines = timeline_report(timeline, len(steps)) + [
         "", "CPU and GPU time per operator",
         prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else
