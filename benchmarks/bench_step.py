@@ -72,6 +72,16 @@ def step_flops(model, args, inputs, window_blocks, seq_len):
             12 * args.model_dim * pairs * attention_layers)
 
 
+def throughput(tokens, step_ms, flops, peak_tflops):
+    """Tokens per second and model FLOPs utilisation of one rank's step.
+
+    `tokens` and `flops` (matrix + attention) are the rank's per step, `step_ms` the step's time
+    in ms and `peak_tflops` the GPU's peak in TFLOP/s. Returns (tokens per second, MFU as a
+    fraction of the peak).
+    """
+    return tokens / step_ms * 1e3, flops / (step_ms / 1e3) / (peak_tflops * 1e12)
+
+
 # Kernel families, by a part of the kernel's name; the first that matches counts.
 FAMILIES = [("matrix products", ("nvjet", "gemm", "cutlass", "splitKreduce")),
             ("FlexAttention backward", ("flex_attention_backward",)),
@@ -245,6 +255,7 @@ def main(argv=None):
     step_ms = timer.ms(marks[0][0], marks[-1][2]) / own.steps
     flops = [sum(part) / own.steps for part in zip(*(
         step_flops(model, args, inputs, blocks, seq_len) for inputs, blocks in batches))]
+    tokens_per_s, mfu = throughput(tokens, step_ms, sum(flops), own.peak_tflops)
     results = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, world_size=world_size, timed_steps=own.steps, first_step=first,
@@ -255,11 +266,11 @@ def main(argv=None):
         ms_forward_backward_per_micro_batch=sum(timer.ms(b, m) for b, m, _ in marks)
         / own.steps / micro_batches,
         ms_optimizer_step=sum(timer.ms(m, e) for _, m, e in marks) / own.steps,
-        tokens_per_s_per_gpu=tokens / step_ms * 1e3,
+        tokens_per_s_per_gpu=tokens_per_s,
         matrix_tflop_per_step=flops[0] / 1e12,
         attention_tflop_per_step=flops[1] / 1e12,
         peak_tflops=own.peak_tflops,
-        mfu=sum(flops) / (step_ms / 1e3) / (own.peak_tflops * 1e12),
+        mfu=mfu,
         peak_memory_mib=(torch.cuda.max_memory_allocated(device) // 2**20 if device.type == "cuda"
                          else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024),
         hyperparameters=dataclasses.asdict(args))

@@ -13,7 +13,8 @@ from test_training import TINY
 from train_gpt import GPT, DistributedDataLoader, dense_attention_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from bench_step import attention_pairs, gpu_timeline, main, matrix_parameters  # noqa: E402
+from bench_step import (attention_pairs, gpu_timeline, main, matrix_parameters,  # noqa: E402
+                        throughput)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -32,6 +33,14 @@ def test_matrix_parameters_of_the_reference_model():
     assert matrix_parameters(model) == 121_208_832  # blocks + head: no embedding tables
 
 
+def test_throughput_of_a_step_worked_by_hand():
+    matrix, attention = 48.296e12, 15e12
+    tokens_per_s, mfu = throughput(65_536, 128.0, matrix + attention, 989.0)
+    assert tokens_per_s == pytest.approx(512_000, rel=1e-9)  # 65,536 / 0.128 s
+    # 48.296 + 15 = 63.296 TFLOP / 0.128 s = 494.5 TFLOP/s, half of 989
+    assert mfu == pytest.approx(0.5, rel=1e-9)
+
+
 def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     out = tmp_path / "bench.json"
     results = main(["--steps=2", "--warmup=1", "--at_step=2", "--profile=1", f"--json={out}"]
@@ -42,6 +51,7 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     assert any(e.get("name") == "Optimizer.step#Muon.step" for e in events)
     assert (tmp_path / "bench_profile.txt").read_text().startswith("1 step(s): GPU busy 0.00 ms")
     assert results["device"] == "cpu" and results["micro_batches_per_step"] == 2
+    assert results["tokens_per_step_per_rank"] == 512 and results["peak_tflops"] == 989
     assert results["window_blocks"] == [7, 11]  # steps 2 and 3 of 4: ((1 - x) 128 + x 1856) // 128
     # 2 blocks of 64 wide (attention 4 x 64 x 64, MLP 2 x 64 x 256) and the 50304 x 64 head
     matrices = 2 * (4 * 64 * 64 + 2 * 64 * 256) + 50304 * 64
@@ -54,9 +64,9 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     assert results["attention_tflop_per_step"] * 1e12 == pytest.approx(12 * 64 * pairs * 2 / 2)
     assert results["ms_per_step"] > results["ms_optimizer_step"] > 0
     assert results["ms_forward_backward_per_micro_batch"] > 0
-    assert results["tokens_per_s_per_gpu"] == pytest.approx(512 / results["ms_per_step"] * 1e3)
     flops = 1e12 * (results["matrix_tflop_per_step"] + results["attention_tflop_per_step"])
-    assert results["mfu"] == pytest.approx(flops / results["ms_per_step"] * 1e3 / 989e12)
+    assert (results["tokens_per_s_per_gpu"], results["mfu"]) == pytest.approx(throughput(
+        results["tokens_per_step_per_rank"], results["ms_per_step"], flops, results["peak_tflops"]))
     assert results["peak_memory_mib"] > 0 and results["compile_and_warmup_s"] > 0
 
 
