@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import dataclasses
 import glob
-import inspect
 import math
 import os
 import platform
@@ -20,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 import uuid
 from dataclasses import dataclass
 
@@ -35,89 +35,85 @@ from torch.utils._pytree import tree_map_only
 # ----------------------------------------------------------------------------- hyperparameters
 
 
+def option(default, help):
+    """A hyperparameter's default, and the line `--help` shows for it."""
+    return dataclasses.field(default=default, metadata=dict(help=help))
+
+
 @dataclass
 class Hyperparameters:
     """The reference configuration; `--name=value` changes a field, `--help` lists them all."""
     # data
-    train_files: str = "data/fineweb10B/fineweb_train_*.bin"  # shards, read in sorted order
-    val_files: str = "data/fineweb10B/fineweb_val_*.bin"  # validation uses the first shard
-    val_tokens: int = 10_485_760  # validate on this many tokens from the start of the val shard
-    batch_size: int = 8 * 64 * 1024  # tokens per step, over all ranks
-    micro_batch_size: int = 64 * 1024  # tokens per forward/backward: one flat sequence
+    train_files: str = option("data/fineweb10B/fineweb_train_*.bin", "shards, read in sorted order")
+    val_files: str = option("data/fineweb10B/fineweb_val_*.bin", "validation uses the first shard")
+    val_tokens: int = option(10_485_760, "validate on this many tokens from the val shard's start")
+    batch_size: int = option(8 * 64 * 1024, "tokens per step, over all ranks")
+    micro_batch_size: int = option(64 * 1024, "tokens per forward/backward: one flat sequence")
     # model
-    vocab_size: int = 50257  # GPT-2's tokens; embeddings and head are padded to 50304
-    num_layers: int = 12
-    num_heads: int = 6
-    model_dim: int = 768
-    no_attention_layers: tuple = (7,)  # layers with an MLP only (comma-separated)
+    vocab_size: int = option(50257, "GPT-2's tokens; embeddings and head are padded to 50304")
+    num_layers: int = option(12, "transformer blocks")
+    num_heads: int = option(6, "attention heads per block")
+    model_dim: int = option(768, "width of the residual stream")
+    no_attention_layers: tuple = option((7,), "layers with an MLP only, comma-separated (the "
+                                        "default, where the model has a layer 7)")
     # optimization
-    num_iterations: int = 1390  # training steps
-    cooldown_frac: float = 0.4  # the learning rates fall linearly to 0 over this last part
-    embed_lr: float = 0.6  # Adam: token and value embeddings
-    head_lr: float = 0.008  # Adam: the output head
-    scalar_lr: float = 0.04  # Adam: the scalar mixing weights
-    muon_lr: float = 0.05  # Muon: the matrices of the blocks
+    num_iterations: int = option(1390, "training steps")
+    cooldown_frac: float = option(0.4, "the learning rates fall linearly to 0 over this last part")
+    embed_lr: float = option(0.6, "Adam: token and value embeddings")
+    head_lr: float = option(0.008, "Adam: the output head")
+    scalar_lr: float = option(0.04, "Adam: the scalar mixing weights")
+    muon_lr: float = option(0.05, "Muon: the matrices of the blocks")
     # run
-    val_every: int = 125  # and after the last step; 0: only then
-    warmup_steps: int = 10  # untimed steps that compile the kernels, then undone
-    seed: int = 0  # of the initial weights
-    log_dir: str = "logs"  # the log is <log_dir>/<run id>.txt, checkpoints <log_dir>/<run id>/
-    checkpoint_every: int = 0  # write the whole training state every this many steps; 0: never
-    save_checkpoint: bool = False  # write it after the last step
-    resume: str = ""  # continue from this checkpoint (a folder: its newest)
+    val_every: int = option(125, "and after the last step; 0: only then")
+    warmup_steps: int = option(10, "untimed steps that compile the kernels, then undone")
+    seed: int = option(0, "of the initial weights")
+    log_dir: str = option("logs", "log: <log_dir>/<run id>.txt; checkpoints: <log_dir>/<run id>/")
+    checkpoint_every: int = option(0, "write the training state every this many steps; 0: never")
+    save_checkpoint: bool = option(False, "write it after the last step")
+    resume: str = option("", "continue from this checkpoint (a folder: its newest)")
 
-
-# The values a field may take, where its type allows some that cannot run. A new field needs a
-# line here only if it brings a new kind of limit.
-LIMITS = [
-    (("val_tokens", "batch_size", "micro_batch_size", "num_layers", "num_heads", "model_dim",
-      "num_iterations"), lambda v: v > 0, "must be positive"),
-    (("val_every", "warmup_steps", "seed", "checkpoint_every"), lambda v: v >= 0,
-     "must be 0 or more"),
-    (("embed_lr", "head_lr", "scalar_lr", "muon_lr"), lambda v: 0 <= v < math.inf,
-     "must be a finite number, 0 or more"),
-    (("cooldown_frac",), lambda v: 0 <= v <= 1, "must lie in [0, 1]"),
-    (("vocab_size",), lambda v: v > 50256, "cannot hold the GPT-2 tokens of the data (up to "
-     "50256); use 50257"),
-    (("no_attention_layers",), lambda v: min(v, default=0) >= 0, "must count layers from 0"),
-    (("log_dir",), bool, "must name a folder"),
-]
 
 # A small model on the embedded Shakespeare sample: checks a setup on a CPU in about 2 minutes.
 PRESETS = {
     "smoke": dict(train_files="data/shakespeare/shakespeare_train_*.bin",
                   val_files="data/shakespeare/shakespeare_val_*.bin", val_tokens=8 * 1024,
                   batch_size=1024, micro_batch_size=512, num_layers=4, num_heads=2,
-                  model_dim=128, num_iterations=150, val_every=50, warmup_steps=0),
+                  model_dim=128, no_attention_layers=(), num_iterations=150, val_every=50,
+                  warmup_steps=0),
 }
+
+
+class UserError(Exception):
+    """Input the user must fix (arguments, data, checkpoints, the launch) or a run that cannot go
+    on (a full disk, a diverged loss): shown as its message alone. Anything else is a bug, and
+    keeps its traceback."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):  # raise, so that a bad argument ends like any other bad input
-        raise ValueError(f"{message} (--help lists the hyperparameters)")
+        raise UserError(f"{message} (--help lists the hyperparameters)")
 
 
-def parse_args(argv):
-    """Hyperparameters from `--name=value` arguments, on top of `--preset=NAME` if one is given.
-    Each field is an option of its type with its comment as the help; `--flag` alone is true."""
+def parse_args(argv, config=Hyperparameters):
+    """The `config` dataclass from `--name=value` arguments, on top of `--preset=NAME` if given.
+    Each field is an option of its type, with its help; `--flag` alone is true."""
     parser = ArgumentParser(prog="train_gpt.py", allow_abbrev=False,
                             description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=PRESETS, default=argparse.SUPPRESS,
                         help="start from these values, e.g. smoke: " + str(PRESETS["smoke"]))
-    comments = dict(re.findall(r"^\s+(\w+): .*?# (.*)$", inspect.getsource(Hyperparameters),
-                               re.MULTILINE))
-    for field in dataclasses.fields(Hyperparameters):
-        flag = dict(nargs="?", const=True) if field.type is bool else {}
-        parser.add_argument(f"--{field.name}", **flag, default=argparse.SUPPRESS,
-                            type={bool: boolean, tuple: integers}.get(field.type, field.type),
-                            metavar=field.type.__name__, help=f"{comments.get(field.name, '')} "
-                            f"(default: {field.default})".lstrip())
+    fields, types = dataclasses.fields(config), typing.get_type_hints(config)  # not strings
+    for field in fields:
+        kind, text = types[field.name], field.metadata.get("help", "")
+        parser.add_argument(f"--{field.name}", default=argparse.SUPPRESS, metavar=kind.__name__,
+                            **(dict(nargs="?", const=True) if kind is bool else {}),
+                            type={bool: boolean, tuple: integers}.get(kind, kind),
+                            help=f"{text} (default: {field.default})".lstrip())
     given, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise ValueError(f"unknown argument {unknown[0]!r}; arguments look like --name=value, "
-                         f"where name is one of {', '.join(vars(Hyperparameters()))} or preset")
+        raise UserError(f"unknown argument {unknown[0]!r}; arguments look like --name=value, "
+                        f"where name is one of {', '.join(f.name for f in fields)} or preset")
     preset = PRESETS.get(vars(given).pop("preset", None), {})
-    return Hyperparameters(**{**preset, **vars(given)})
+    return config(**{**preset, **vars(given)})
 
 
 def boolean(text):
@@ -227,14 +223,16 @@ class Muon(torch.optim.Optimizer):
                     pending = (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk)
             apply(*pending)
 
-    def state_dict(self):
-        """The state with every rank's momentum buffers. A collective: every rank calls it."""
+    def state_dict(self, gather=False):
+        """The state, with the momentum buffers of the parameters this rank updates. For a
+        checkpoint, gather=True: every rank calls it, and rank 0's result holds all the buffers."""
         state = super().state_dict()
-        if self.world_size > 1:  # each rank holds the buffers of the parameters it updates
+        if gather and self.world_size > 1:
             mine = {i: {k: v.cpu() for k, v in s.items()} for i, s in state["state"].items()}
-            parts = [None] * self.world_size
-            dist.all_gather_object(parts, mine)
-            state["state"] = {i: s for part in parts for i, s in part.items()}
+            parts = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object(mine, parts, dst=0)
+            if self.rank == 0:
+                state["state"] = {i: s for part in parts for i, s in part.items()}
         return state
 
     def load_state_dict(self, state_dict):
@@ -437,19 +435,19 @@ class GPT(nn.Module):
 
 def check_heads(model_dim, num_heads):
     if num_heads <= 0 or model_dim % num_heads or (model_dim // num_heads) % 4:
-        raise ValueError(f"model_dim {model_dim} must split into {num_heads} heads whose size is "
-                         f"a multiple of 4 (rotary); change --model_dim or --num_heads")
+        raise UserError(f"--model_dim={model_dim} must split into --num_heads={num_heads} heads, "
+                        f"each of a size that is a multiple of 4 (rotary)")
 
 
 def check_tokens(inputs, vocab_size, max_seq_len):
     """Refuse inputs the model cannot take, with the reason (the value check only when eager)."""
     if inputs.ndim != 1 or len(inputs) % BLOCK_SIZE or len(inputs) > max_seq_len:
-        raise ValueError(f"inputs must be one flat sequence whose length is a multiple of "
-                         f"{BLOCK_SIZE} and at most {max_seq_len}; got shape {tuple(inputs.shape)}")
+        raise UserError(f"inputs must be one flat sequence whose length is a multiple of "
+                        f"{BLOCK_SIZE} and at most {max_seq_len}; got shape {tuple(inputs.shape)}")
     if not torch.compiler.is_compiling():  # a host sync, so eager calls only
         low, high = int(inputs.min()), int(inputs.max())
         if low < 0 or high >= vocab_size:
-            raise ValueError(f"token ids must lie in [0, {vocab_size}); got [{low}, {high}]")
+            raise UserError(f"token ids must lie in [0, {vocab_size}); got [{low}, {high}]")
 
 
 # ----------------------------------------------------------------------------- data
@@ -478,20 +476,20 @@ def check_shard(path):
     with open(path, "rb") as f:
         header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
     if header.size < HEADER_INTS:
-        raise ValueError(f"{path}: file is {os.path.getsize(path)} bytes, shorter than the "
-                         f"{HEADER_BYTES}-byte header; the file is truncated, {DOWNLOAD_HINT}")
+        raise UserError(f"{path}: file is {os.path.getsize(path)} bytes, shorter than the "
+                        f"{HEADER_BYTES}-byte header; the file is truncated, {DOWNLOAD_HINT}")
     if header[0] != SHARD_MAGIC:
-        raise ValueError(f"{path}: magic number is {header[0]}, expected {SHARD_MAGIC}; "
-                         f"this is not a token shard, {DOWNLOAD_HINT}")
+        raise UserError(f"{path}: magic number is {header[0]}, expected {SHARD_MAGIC}; "
+                        f"this is not a token shard, {DOWNLOAD_HINT}")
     if header[1] != SHARD_VERSION:
-        raise ValueError(f"{path}: shard version is {header[1]}, this script reads version "
-                         f"{SHARD_VERSION}; {DOWNLOAD_HINT}")
+        raise UserError(f"{path}: shard version is {header[1]}, this script reads version "
+                        f"{SHARD_VERSION}; {DOWNLOAD_HINT}")
     num_tokens = int(header[2])
     expected, actual = HEADER_BYTES + 2 * num_tokens, os.path.getsize(path)
     if actual != expected:
         kind = "shorter" if actual < expected else "longer"
-        raise ValueError(f"{path}: header claims {num_tokens} tokens ({expected} bytes) but the "
-                         f"file is {actual} bytes, {kind} than that; {DOWNLOAD_HINT}")
+        raise UserError(f"{path}: header claims {num_tokens} tokens ({expected} bytes) but the "
+                        f"file is {actual} bytes, {kind} than that; {DOWNLOAD_HINT}")
     return num_tokens
 
 
@@ -508,6 +506,14 @@ def read_shard(path):
     return mapped[header_tokens:]
 
 
+def rank_share(batch_size, world_size):
+    """How many tokens of a batch each rank takes; a batch that does not split is refused."""
+    if batch_size % world_size:
+        raise UserError(f"a batch of {batch_size} tokens does not split over {world_size} ranks; "
+                        f"make --batch_size a multiple of {world_size}")
+    return batch_size // world_size
+
+
 class DistributedDataLoader:
     """Walks the sorted shards in order; each call hands every rank its slice of one batch.
 
@@ -521,7 +527,7 @@ class DistributedDataLoader:
     def __init__(self, filename_pattern, rank, world_size, device="cpu"):
         self.files = sorted(glob.glob(filename_pattern))
         if not self.files:
-            raise FileNotFoundError(f"no shard matches {filename_pattern!r}; {DOWNLOAD_HINT}")
+            raise UserError(f"no shard matches {filename_pattern!r}; {DOWNLOAD_HINT}")
         for path in self.files:
             check_shard(path)
         self.rank, self.world_size = rank, world_size
@@ -539,8 +545,8 @@ class DistributedDataLoader:
     def load_state_dict(self, state):
         """Continue from a state_dict(): the same shard and position."""
         if not 0 <= state["shard"] < len(self.files):
-            raise ValueError(f"the saved position is in shard {state['shard']}, but only "
-                             f"{len(self.files)} shards match this loader's pattern")
+            raise UserError(f"the saved position is in shard {state['shard']}, but only "
+                            f"{len(self.files)} shards match this loader's pattern")
         self._load(state["shard"])
         self.pos = state["pos"]
 
@@ -554,17 +560,14 @@ class DistributedDataLoader:
 
     def next_batch(self, batch_size):
         """Return this rank's (inputs, targets): int32 inputs and int64 targets on the device."""
-        if batch_size % self.world_size:
-            raise ValueError(f"batch of {batch_size} tokens does not split over {self.world_size}"
-                             f" ranks; choose a batch size that is a multiple of the world size")
+        local = rank_share(batch_size, self.world_size)
         if self.pos + batch_size + 1 >= len(self.tokens):
             if self.pos == 0:
-                raise ValueError(f"{self.files[self.shard]} holds {len(self.tokens)} tokens, too "
-                                 f"few for one batch of {batch_size} (it needs at least "
-                                 f"{batch_size + 2}); use a smaller batch or larger shards")
+                raise UserError(f"{self.files[self.shard]} holds {len(self.tokens)} tokens, too "
+                                f"few for one batch of {batch_size} (it needs at least "
+                                f"{batch_size + 2}); use a smaller batch or larger shards")
             self._load((self.shard + 1) % len(self.files))
             return self.next_batch(batch_size)
-        local = batch_size // self.world_size
         start = self.pos + self.rank * local
         self.pos += batch_size
         # A fresh block from PyTorch's pinned-memory cache: it is not reused until the copy
@@ -595,8 +598,9 @@ def train(args, rank, world_size, device):
     train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
     check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
-    run = LongRun(args, world_size)  # the run id, and the checkpoint to continue from if any
-    log = make_logger(args.log_dir, run.id, rank)
+    run_id = make_run_id()
+    resume = find_checkpoint(args, run_id, world_size)  # refused, if it must be, before any log
+    log = make_logger(args.log_dir, run_id, rank)
     log_run_header(log, args, world_size, train_loader.files, val_loader.files)
     model, compiled, ddp_model = build_model(args, device)
     adam, muon = build_optimizers(model, args)
@@ -619,26 +623,30 @@ def train(args, rank, world_size, device):
     restore_training_state(initial, *state)
     del initial
     clock = TrainClock(device)
-    reports = StepReports(clock, log, args.num_iterations)
+    readout = StepReadout(log, clock, args.num_iterations)
+    run = LongRun(args, run_id, world_size, state, clock, log, resume)  # from step 0 or `resume`
 
     val_losses = {}
-    with run.start(state, clock, reports, log) as first_step:  # step 0, or the checkpoint's
-        for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
+    with stop_requests() as signals:  # Ctrl-C and SIGTERM, shared with the other ranks
+        for step in range(run.first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
             validate = last or (args.val_every and step % args.val_every == 0)
-            run.between_steps(step, validate)  # a checkpoint when due; a requested stop
+            # validation, checkpoints and stops wait for the GPU anyway: log the last step now
+            if validate or run.checkpoint_due(step) or readout.stop_requested:
+                run.check_finite(readout.flush(), "training loss")
+            stop = readout.stop_requested and not last  # after the last step: finish as planned
+            run.between_steps(step, stop)  # a checkpoint when due, then the stop if asked for
             if validate:
                 with clock.paused():
                     window.fill_(window_blocks(step, args.num_iterations))
                     val_losses[step] = evaluate(compiled, val_loader, args, window,
                                                 world_size).item()
-                log(f"step:{step}/{args.num_iterations} val_loss:{val_losses[step]:.4f} "
-                    f"train_time:{clock.elapsed_ms:.0f}ms "
-                    f"step_avg:{clock.elapsed_ms / max(step, 1):.2f}ms")
-                run.check_finite(val_losses[step], "validation loss", step)
+                readout.log_validation(step, val_losses[step])
+                run.check_finite((step, val_losses[step]), "validation loss")
             if last:
                 break
-            run.after_step(step + 1, step_once(step))  # whose line is logged one step late
+            loss = step_once(step)  # read back, and logged, once the next step is queued
+            run.check_finite(readout.push(step + 1, loss, bool(signals)), "training loss")
     log_peak_memory(log, device)
     return val_losses
 
@@ -764,28 +772,48 @@ def sequence_length(args, world_size):
     return min(args.micro_batch_size, args.batch_size // world_size)
 
 
+# The values a field may take, where its type allows some that cannot run. A new field needs a
+# line here only if it brings a new kind of limit; check_config then ties the fields together.
+LIMITS = [
+    (("val_tokens", "batch_size", "micro_batch_size", "num_layers", "model_dim",
+      "num_iterations"), lambda v: v > 0, "must be positive"),
+    (("val_every", "warmup_steps", "seed", "checkpoint_every"), lambda v: v >= 0,
+     "must be 0 or more"),
+    (("embed_lr", "head_lr", "scalar_lr", "muon_lr"), lambda v: 0 <= v < math.inf,
+     "must be a finite number, 0 or more"),
+    (("cooldown_frac",), lambda v: 0 <= v <= 1, "must lie in [0, 1]"),
+    (("vocab_size",), lambda v: v > 50256, "cannot hold the GPT-2 tokens of the data (up to "
+     "50256); use 50257"),
+    (("no_attention_layers",), lambda v: min(v, default=0) >= 0, "must count layers from 0"),
+    (("log_dir",), bool, "must name a folder"),
+]
+
+
 def check_config(args, world_size, val_shard_tokens):
-    """Refuse a configuration that cannot run, saying which values and how to fix them."""
+    """Refuse a configuration that cannot run, naming the values and the fix: every check of the
+    hyperparameters starts here."""
     for names, allowed, rule in LIMITS:
         for name, value in ((name, getattr(args, name)) for name in names):
             if not allowed(value):
                 shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-                raise ValueError(f"--{name}={shown} {rule}")
+                raise UserError(f"--{name}={shown} {rule}")
+    # the default stands for "layer 7, where there is one"; layers the user names must exist
+    missing = [i for i in args.no_attention_layers if i >= args.num_layers]
+    if missing and args.no_attention_layers != type(args).no_attention_layers:
+        raise UserError(f"--no_attention_layers names layer {missing[0]}, but the model's layers "
+                        f"are 0 to {args.num_layers - 1}")
     check_heads(args.model_dim, args.num_heads)
-    local, seq_len = args.batch_size // world_size, sequence_length(args, world_size)
-    if args.batch_size % world_size:
-        raise ValueError(f"--batch_size={args.batch_size} does not split over {world_size} ranks;"
-                         f" use a multiple of {world_size}")
+    local, seq_len = rank_share(args.batch_size, world_size), sequence_length(args, world_size)
     if local % seq_len or seq_len % BLOCK_SIZE or args.micro_batch_size % BLOCK_SIZE:
-        raise ValueError(f"each rank's {local} tokens must split into sequences of {seq_len}, and "
-                         f"--micro_batch_size={args.micro_batch_size} must be a multiple of "
-                         f"{BLOCK_SIZE}; change --batch_size or --micro_batch_size")
+        raise UserError(f"each rank's {local} tokens must split into sequences of {seq_len}, and "
+                        f"--micro_batch_size={args.micro_batch_size} must be a multiple of "
+                        f"{BLOCK_SIZE}; change --batch_size or --micro_batch_size")
     if args.val_tokens % (world_size * args.micro_batch_size):
-        raise ValueError(f"--val_tokens={args.val_tokens} must be a multiple of world size x "
-                         f"micro batch = {world_size * args.micro_batch_size}")
+        raise UserError(f"--val_tokens={args.val_tokens} must be a multiple of world size x "
+                        f"micro batch = {world_size * args.micro_batch_size}")
     if args.val_tokens + 1 >= val_shard_tokens:  # the targets reach one token further
-        raise ValueError(f"the val shard holds {val_shard_tokens} tokens, not more than "
-                         f"--val_tokens={args.val_tokens} + 1; validate on fewer tokens")
+        raise UserError(f"the val shard holds {val_shard_tokens} tokens, not more than "
+                        f"--val_tokens={args.val_tokens} + 1; validate on fewer tokens")
 
 
 def all_ranks_mean(x):
@@ -796,7 +824,14 @@ def all_ranks_mean(x):
 
 
 def make_logger(log_dir, run_id, rank):
-    """Return log(line): print on rank 0 and append to <log_dir>/<run id>.txt, flushed each line."""
+    """Return log(line): print on rank 0 and append to <log_dir>/<run id>.txt, flushed each line.
+    Every rank makes the folder, or finds that it cannot, so that all stop alike."""
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--log_dir={log_dir}: cannot make the folder ({err.strerror})")
+    if not os.access(log_dir, os.W_OK | os.X_OK):
+        raise UserError(f"--log_dir={log_dir}: the folder is not writable")
     if rank != 0:
         return lambda line, console=True: None
     path = os.path.join(log_dir, f"{run_id}.txt")
@@ -859,19 +894,27 @@ class TrainClock:
         self.start = time.perf_counter()
 
 
-class StepReports:
-    """Each step's line, with the mean train loss, and any rank's stop request, read a step late.
+class StepReadout:
+    """The log's step lines. A training step's line, with its loss, is written a step late.
 
     Reading a value the GPU has just computed makes the CPU wait for the step, and the GPU then
-    idles while the CPU prepares the next one. So each step's [loss, stop request] is copied to
-    pinned host memory without waiting, and read once the next step has been queued.
+    idles while the CPU prepares the next one. So each step's [mean loss, stop request of any
+    rank] is copied to pinned host memory without waiting, and read once the next step is queued.
     """
 
-    def __init__(self, clock, log, num_iterations):
-        self.clock, self.log, self.num_iterations, self.pending = clock, log, num_iterations, None
+    def __init__(self, log, clock, num_iterations):
+        self.log, self.clock, self.num_iterations = log, clock, num_iterations
+        self.pending = None
+        self.stop_requested = False  # by a rank, in a step read so far
+
+    def log_validation(self, step, loss):
+        ms = self.clock.elapsed_ms
+        self.log(f"step:{step}/{self.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms"
+                 + (f" step_avg:{ms / step:.2f}ms" if step else ""))  # no average before a step
 
     def push(self, step, loss, stop_requested):
-        """Queue this step's values; log and return the previous step's, if one is pending."""
+        """Queue step `step`'s loss and stop request; log the previous step's line, and return
+        its (step, mean train loss), or None."""
         values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, stop_requested)]))
         host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
         arrived = torch.cuda.Event() if values.is_cuda else None
@@ -881,12 +924,11 @@ class StepReports:
         return self._read(previous)
 
     def flush(self):
-        """Log and return the pending step's report now, if there is one."""
+        """Log the pending step's line now, and return its (step, mean train loss), or None."""
         previous, self.pending = self.pending, None
         return self._read(previous)
 
     def _read(self, pending):
-        """(step, mean train loss, whether any rank asked to stop), or None."""
         if pending is None:
             return None
         step, host, arrived, ms = pending
@@ -894,15 +936,17 @@ class StepReports:
             arrived.synchronize()  # long done unless the CPU is more than a step ahead
             ms = self.clock.ms()  # the step has certainly finished by now
         loss, stop = host.tolist()
+        self.stop_requested = self.stop_requested or stop > 0
         self.log(f"step:{step}/{self.num_iterations} train_time:{ms:.0f}ms "
                  f"step_avg:{ms / step:.2f}ms train_loss:{loss:.4f}")
-        return step, loss, stop > 0
+        return step, loss
 
 
-def training_state(model, adam, muon, loader):
-    """Everything the following steps depend on. Muon's part is a collective: all ranks call."""
-    return dict(model=model.state_dict(), adam=adam.state_dict(), muon=muon.state_dict(),
-                train_loader=loader.state_dict())
+def training_state(model, adam, muon, loader, gather=False):
+    """Everything the following steps depend on, with this rank's part of Muon's momentum; for a
+    checkpoint, gather=True: every rank calls it, and rank 0's result holds all of it."""
+    return dict(model=model.state_dict(), adam=adam.state_dict(),
+                muon=muon.state_dict(gather=gather), train_loader=loader.state_dict())
 
 
 def restore_training_state(state, model, adam, muon, loader):
@@ -923,75 +967,46 @@ RUN_FIELDS = {"val_files", "val_tokens", "val_every", "warmup_steps", "log_dir",
 
 
 class LongRun:
-    """The run id, checkpoints and stops, for the training loop."""
+    """Checkpoints for the training loop: the one it continues from, the ones it writes, and the
+    ends of the run (asked for, or forced by a non-finite value) that name the newest one."""
 
-    def __init__(self, args, world_size):
-        """Take the run id and read the checkpoint to continue from, before anything is logged."""
-        self.args, self.world_size = args, world_size
-        try:  # every rank checks, so all stop alike
-            os.makedirs(args.log_dir, exist_ok=True)
-        except OSError as err:
-            raise ValueError(f"--log_dir={args.log_dir}: cannot make the folder ({err.strerror})")
-        if not os.access(args.log_dir, os.W_OK | os.X_OK):
-            raise ValueError(f"--log_dir={args.log_dir}: the folder is not writable")
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's lasts over restarts
-        self.id = run_id if run_id != "none" else on_rank_0(lambda: str(uuid.uuid4()))
-        self.resume = on_rank_0(resume_path, args, self.id)  # all ranks read rank 0's choice
-        self.checkpoint = load_checkpoint(self.resume, args, world_size) if self.resume else None
-        self.last_checkpoint, self.stop, self.signals = self.resume, False, []
-
-    @contextlib.contextmanager
-    def start(self, state, clock, reports, log):
-        """Restore the checkpoint if there is one, and turn Ctrl-C and SIGTERM into a request to
-        stop, shared between ranks with the loss. Yields the step to start from."""
-        self.state, self.clock, self.reports, self.log = state, clock, reports, log
-        self.first_step = 0
-        if self.checkpoint:
-            log(f"resuming from {self.resume}: step {self.checkpoint['step']} of run "
-                f"{self.checkpoint['run_id']}")
+    def __init__(self, args, run_id, world_size, state, clock, log, resume=None):
+        """Restore `resume`, a (path, checkpoint) from find_checkpoint, if there is one."""
+        self.args, self.id, self.world_size = args, run_id, world_size
+        self.state, self.clock, self.log = state, clock, log
+        self.first_step, self.last_checkpoint = 0, None
+        if resume:
+            path, checkpoint = resume
+            log(f"resuming from {path}: step {checkpoint['step']} of run {checkpoint['run_id']}")
             with clock.paused():  # not training time
-                restore_training_state(self.checkpoint, *state)
-                self.first_step, clock.elapsed_ms = self.checkpoint["step"], self.checkpoint[
-                    "train_time_ms"]
-            self.checkpoint = None  # the state now lives in the model and the optimizers
-        previous = {sig: signal.signal(sig, lambda signum, frame: self.signals.append(signum))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self.first_step
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                restore_training_state(checkpoint, *state)
+            self.first_step, self.last_checkpoint = checkpoint["step"], path
+            clock.elapsed_ms = checkpoint["train_time_ms"]
 
-    def between_steps(self, step, validate):
-        """After `step` steps: write a checkpoint if one is due, and stop if a rank asked to."""
-        args, last = self.args, step == self.args.num_iterations
-        due = step > self.first_step and ((last and args.save_checkpoint) or (
-            args.checkpoint_every and step % args.checkpoint_every == 0))
-        if validate or due or self.stop:  # these wait for the GPU anyway: read the step now
-            self.check(self.reports.flush())
-        if due or (self.stop and (args.checkpoint_every or args.save_checkpoint)):
+    def checkpoint_due(self, step):
+        """Whether a checkpoint is written after `step` steps (never the one just restored)."""
+        args = self.args
+        return step > self.first_step and bool(
+            (step == args.num_iterations and args.save_checkpoint)
+            or (args.checkpoint_every and step % args.checkpoint_every == 0))
+
+    def between_steps(self, step, stop):
+        """After `step` steps: write a checkpoint if one is due, and if `stop`, end the run, with
+        a checkpoint first when checkpoints are on."""
+        if self.checkpoint_due(step) or (stop and (self.args.checkpoint_every or
+                                                   self.args.save_checkpoint)):
             with self.clock.paused():
                 self.save(step)
-        if self.stop:
+        if stop:
             self.fail(SystemExit, f"interrupted at step {step}; " + (
                 f"continue with --resume={self.last_checkpoint}" if self.last_checkpoint else
                 "no checkpoint (--checkpoint_every or --save_checkpoint write one)"))
 
-    def after_step(self, step, loss):
-        """Queue step `step`'s loss and stop request, and check the previous step's."""
-        self.check(self.reports.push(step, loss, stop_requested=bool(self.signals)))
-
-    def check(self, report):
-        """Stop on a non-finite train loss; note a stop request, honoured before the next step."""
-        if report is not None:
-            step, loss, stop = report
-            self.check_finite(loss, "training loss", step)
-            self.stop = self.stop or stop
-
-    def check_finite(self, value, what, step):
-        """End the run on a NaN or infinity. The values are all ranks' means, so all stop."""
-        if not math.isfinite(value):
-            self.fail(FloatingPointError, f"step {step}: the {what} is {value}, so the run stops "
+    def check_finite(self, report, what):
+        """End the run if `report`, a (step, value) or None, holds a NaN or an infinity. The
+        values are means over the ranks, so every rank stops."""
+        if report is not None and not math.isfinite(report[1]):
+            self.fail(UserError, f"step {report[0]}: the {what} is {report[1]}, so the run stops "
                       f"here; " + (f"the last good checkpoint is {self.last_checkpoint}" if
                                    self.last_checkpoint else "no checkpoint was written "
                                    "(--checkpoint_every=K writes one every K steps)"))
@@ -1004,19 +1019,52 @@ class LongRun:
         """Write the training state after `step` steps: rank 0 writes, the others wait."""
         started = time.perf_counter()
         weights = torch.stack([p.detach().float().norm() for p in self.state[0].parameters()])
-        self.check_finite(weights.norm().item(), "norm of the weights", step)
+        self.check_finite((step, weights.norm().item()), "norm of the weights")
         path = os.path.join(self.args.log_dir, self.id, f"state_step{step:06d}.pt")
-        checkpoint = dict(training_state(*self.state), step=step, run_id=self.id,
+        checkpoint = dict(training_state(*self.state, gather=True), step=step, run_id=self.id,
                           world_size=self.world_size, train_time_ms=self.clock.elapsed_ms,
                           hyperparameters=dataclasses.asdict(self.args))
         try:
             on_rank_0(write_checkpoint, checkpoint, path)
         except OSError as err:
-            self.fail(OSError, f"cannot write the checkpoint {path} ({err}); free space or "
+            self.fail(UserError, f"cannot write the checkpoint {path} ({err}); free space or "
                       f"change --log_dir")
         self.log(f"checkpoint: step {step} written to {path} in "
                  f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
         self.last_checkpoint = path
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """Within it, Ctrl-C and SIGTERM end nothing by themselves: they are noted in the list it
+    yields, which the loop shares with the other ranks, so that all stop after the same step."""
+    signals = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: signals.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield signals
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def make_run_id():
+    """torchrun's run id, which lasts over its restarts of the workers, or a new one."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return run_id
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:  # torchrun without --rdzv-id
+        raise UserError("torchrun may restart the workers (--max-restarts) but has no run id, so "
+                        "each restart would draw a new one and train again from step 0 instead "
+                        "of resuming; give torchrun --rdzv-id=NAME, the same on every node")
+    return on_rank_0(lambda: str(uuid.uuid4()))
+
+
+def find_checkpoint(args, run_id, world_size):
+    """The checkpoint to continue from, as (path, checkpoint), or None. Rank 0 picks the file;
+    every rank reads it, so on several nodes --log_dir must be a folder they all share."""
+    path = on_rank_0(resume_path, args, run_id)
+    return (path, load_checkpoint(path, args, world_size)) if path else None
 
 
 def on_rank_0(fn, *args):
@@ -1043,8 +1091,8 @@ def resume_path(args, run_id):
     if os.path.isdir(args.resume):
         found = checkpoints_in(args.resume)
         if not found:
-            raise FileNotFoundError(f"--resume={args.resume}: the folder holds no checkpoint "
-                                    f"(state_step*.pt)")
+            raise UserError(f"--resume={args.resume}: the folder holds no checkpoint "
+                            f"(state_step*.pt)")
         return found[-1]
     return args.resume
 
@@ -1074,28 +1122,28 @@ def write_checkpoint(state, path, keep=2):
 def load_checkpoint(path, args, world_size):
     """Read a checkpoint, refusing one from another configuration with the differing fields."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--resume={path}: no such file")
+        raise UserError(f"--resume={path}: no such file")
     try:  # whatever torch.load cannot read as plain tensors and containers is no checkpoint
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"--resume={path} is not a readable checkpoint ({type(err).__name__}: "
-                         f"{str(err).strip()[:200]})") from None
+        raise UserError(f"--resume={path} is not a readable checkpoint ({type(err).__name__}: "
+                        f"{str(err).strip()[:200]})") from None
     if not isinstance(state, dict) or "hyperparameters" not in state:
-        raise ValueError(f"--resume={path} is not a checkpoint of this script")
+        raise UserError(f"--resume={path} is not a checkpoint of this script")
     saved = dict(state["hyperparameters"], world_size=state["world_size"])
     current = dict(dataclasses.asdict(args), world_size=world_size)
     differing = [f"{name} (checkpoint {saved.get(name)!r}, now {value!r})"
                  for name, value in current.items()
                  if name not in RUN_FIELDS and saved.get(name) != value]
     if differing:
-        raise ValueError(f"{path} comes from a different configuration: {'; '.join(differing)}."
-                         f" Resume with the checkpoint's values (the world size is torchrun's "
-                         f"--nproc_per_node x --nnodes), or start a new run")
+        raise UserError(f"{path} comes from a different configuration: {'; '.join(differing)}."
+                        f" Resume with the checkpoint's values (the world size is torchrun's "
+                        f"--nproc_per_node x --nnodes), or start a new run")
     return state
 
 
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError, FloatingPointError) as err:
+    except UserError as err:
         sys.exit(f"error: {err}")

@@ -16,7 +16,7 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, Remo
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import check_shard  # noqa: E402  (the one definition of a valid shard)
+from train_gpt import UserError, check_shard  # noqa: E402  (the one definition of a valid shard)
 
 REPO_ID = "kjj0/fineweb10B-gpt2"
 DEFAULT_DIR = Path(__file__).resolve().parent / "fineweb10B"
@@ -38,7 +38,7 @@ def download(num_train, local_dir=DEFAULT_DIR):
             tqdm.write(f"{path} is present and valid, skipped")
         except FileNotFoundError:
             hf_hub_download(REPO_ID, name, repo_type="dataset", local_dir=local_dir)
-        except ValueError as err:
+        except UserError as err:
             tqdm.write(f"{err}\ndownloading it again")
             hf_hub_download(REPO_ID, name, repo_type="dataset", local_dir=local_dir,
                             force_download=True)
@@ -68,7 +68,7 @@ def main(argv=None):
         sys.exit(f"error: could not download from the Hugging Face dataset {REPO_ID}: "
                  f"{one_line(err)}\nCheck the network connection (and HF_ENDPOINT if set), then "
                  f"run this again: shards already downloaded are kept.")
-    except ValueError as err:
+    except UserError as err:
         sys.exit(f"error: a downloaded shard is not valid: {err}")
 
 

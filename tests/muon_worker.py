@@ -1,7 +1,9 @@
 """Run Muon for a few steps on an uneven set of parameters; launched by tests/test_muon.py with
-torchrun (gloo, CPU). After step 2 the state goes through state_dict() and load_state_dict(),
-as in a warm-up restore or a resume. Every rank saves its parameters after every step, and
-whether each momentum buffer it kept owns a storage of its own size, to OUT/rank<r>.pt."""
+torchrun (gloo, CPU). After step 2 each rank's own state goes through state_dict() and
+load_state_dict(), as in a warm-up restore; after step 3 the state gathered on rank 0 goes to
+every rank and is loaded, as in a resume. Every rank saves to OUT/rank<r>.pt its parameters
+after every step, whether each momentum buffer it kept after step 2 owns a storage of its own
+size, and the parameter indices of its own state and of its gathered one."""
 import os
 import sys
 from pathlib import Path
@@ -38,7 +40,14 @@ def run():
             muon.load_state_dict(muon.state_dict())
             compact = [s["momentum_buffer"].untyped_storage().nbytes() == s["momentum_buffer"].nbytes
                        for s in muon.state.values()]
-    torch.save(dict(history=history, compact=compact), Path(sys.argv[1]) / f"rank{rank}.pt")
+        if step == 2:
+            own, gathered = muon.state_dict(), [muon.state_dict(gather=True)]
+            held = dict(own=sorted(own["state"]), gathered=sorted(gathered[0]["state"]))
+            if dist.is_initialized():
+                dist.broadcast_object_list(gathered, src=0)
+            muon.load_state_dict(gathered[0])
+    torch.save(dict(history=history, compact=compact, held=held),
+               Path(sys.argv[1]) / f"rank{rank}.pt")
     if dist.is_initialized():
         dist.destroy_process_group()
 

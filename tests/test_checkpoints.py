@@ -1,8 +1,6 @@
 """Training section, checkpoints: exact resume (1 and 2 ranks, after a torchrun restart, after
 Ctrl-C or SIGTERM), atomic writes and rotation, refused checkpoints, non-finite losses."""
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -13,11 +11,10 @@ import torch
 
 import train_gpt
 from test_training import TINY
-from train_gpt import checkpoints_in, main, write_checkpoint
+from train_gpt import UserError, checkpoints_in, main, write_checkpoint
 
 SIX = TINY + ["--num_iterations=6"]  # validation at steps 0, 2, 4 and 6
 WORKER = str(Path(__file__).resolve().parent / "training_worker.py")
-UNBUFFERED = dict(os.environ, PYTHONUNBUFFERED="1")  # step lines reach the pipe as printed
 
 
 def torchrun(mode, out, argv, nproc=2, launcher_args=(), timeout=300):
@@ -107,46 +104,52 @@ def test_torchrun_restart_resumes_from_the_newest_checkpoint(straight_two_ranks,
     assert_same_state(checkpoint(straight_two_ranks, 6), checkpoint(tmp_path, 6))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def run_worker(mode, out, argv, timeout=120):
+    """training_worker.py in one process, without torchrun."""
+    out.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, WORKER, mode, str(out), *argv, f"--log_dir={out}"],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("sig", ["sigint", "sigterm"])
 def test_a_signal_stops_after_the_step_with_a_checkpoint(sig, straight, tmp_path):
-    command = [sys.executable, str(Path(train_gpt.__file__)), *SIX, f"--log_dir={tmp_path}",
-               "--checkpoint_every=100"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=UNBUFFERED)
-    for line in process.stdout:  # interrupt once the first step is done
-        if line.startswith("step:1/6"):
-            process.send_signal(sig)
-            break
-    _, stderr = process.communicate(timeout=120)
-    stopped = int(re.search(r"interrupted at step (\d)", stderr)[1])
-    assert process.returncode == 1 and 1 <= stopped <= 6  # the request is read a step late
+    """Asked for in step 3, the stop is read with the line of step 3, once step 4 is queued:
+    the run stops after step 4."""
+    result = run_worker(f"{sig}:3", tmp_path, SIX + ["--checkpoint_every=100"])
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (f"interrupted at step 4; continue with "
+                                              f"--resume={checkpoint(tmp_path, 4)}")
     lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
-    assert lines[-1] == (f"interrupted at step {stopped}; continue with "
-                         f"--resume={checkpoint(tmp_path, stopped)}")
-    assert lines[-2].startswith(f"checkpoint: step {stopped} written to ")
-    main(SIX + [f"--log_dir={tmp_path / 'resumed'}", f"--resume={checkpoint(tmp_path, stopped)}",
+    assert lines[-3].startswith("step:4/6 train_time:")
+    assert lines[-2].startswith("checkpoint: step 4 written to ")
+    assert lines[-1] == result.stderr.splitlines()[-1]
+    main(SIX + [f"--log_dir={tmp_path / 'resumed'}", f"--resume={checkpoint(tmp_path, 4)}",
                 "--save_checkpoint"])
     assert_same_state(checkpoint(straight, 6), checkpoint(tmp_path / "resumed", 6))
 
 
-def test_torchrun_interrupted_stops_every_rank_at_one_step(straight_two_ranks, tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", WORKER, "train", str(tmp_path), *SIX,
-               f"--log_dir={tmp_path}", "--checkpoint_every=100"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=UNBUFFERED)
-    for line in process.stdout:
-        if line.startswith("step:1/6"):
-            process.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
-            break
-    output, _ = process.communicate(timeout=120)
-    assert process.returncode != 0
+def test_a_signal_in_the_last_step_lets_the_run_finish(tmp_path):
+    """Every step is done by the time the request is read: validate and end as usual."""
+    result = run_worker("sigterm:6", tmp_path, SIX + ["--checkpoint_every=100"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(torch.load(tmp_path / "result.pt")) == [0, 2, 4, 6]
     lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
-    stopped = int(re.match(r"interrupted at step (\d); continue with --resume=", lines[-1])[1])
-    # rank 0's log line, then each rank's exit message: both ranks stopped after the same step
-    assert re.findall(r"interrupted at step (\d+)", output) == [str(stopped)] * 3
+    assert lines[-3].startswith("step:6/6 train_time:")
+    assert lines[-2].startswith("step:6/6 val_loss:")
+    assert lines[-1].startswith("peak memory consumption:")
+    assert not any(line.startswith("interrupted") for line in lines)
+
+
+def test_torchrun_interrupted_stops_every_rank_at_one_step(straight_two_ranks, tmp_path):
+    """SIGTERM to torchrun reaches every worker; rank 0 has it in step 3, so both stop after 4."""
+    result = torchrun("torchrun_sigterm:3", tmp_path, SIX + ["--checkpoint_every=100"])
+    assert result.returncode != 0
+    lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
+    assert lines[-1] == f"interrupted at step 4; continue with --resume={checkpoint(tmp_path, 4)}"
+    # each rank's exit message: both ranks stopped after the same step
+    assert re.findall(r"interrupted at step (\d+)", result.stderr) == ["4", "4"]
     resumed = tmp_path / "resumed"
-    result = torchrun("train", resumed, SIX + [f"--resume={checkpoint(tmp_path, stopped)}",
+    result = torchrun("train", resumed, SIX + [f"--resume={checkpoint(tmp_path, 4)}",
                                                "--save_checkpoint"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_state(checkpoint(straight_two_ranks, 6), checkpoint(resumed, 6))
@@ -218,11 +221,11 @@ def test_checkpoint_time_is_not_train_time(tmp_path, monkeypatch):
 
 def test_a_checkpoint_from_another_configuration_is_refused(straight, straight_two_ranks,
                                                            tmp_path):
-    with pytest.raises(ValueError, match=r"comes from a different configuration: model_dim "
+    with pytest.raises(UserError, match=r"comes from a different configuration: model_dim "
                        r"\(checkpoint 64, now 128\); muon_lr \(checkpoint 0.05, now 0.1\)\."):
         main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3)}",
                     "--model_dim=128", "--muon_lr=0.1"])
-    with pytest.raises(ValueError, match=r"world_size \(checkpoint 2, now 1\)"):
+    with pytest.raises(UserError, match=r"world_size \(checkpoint 2, now 1\)"):
         main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight_two_ranks, 3)}"])
     # what does not change the weights may change; a folder stands for its newest checkpoint
     main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3).parent}",
@@ -244,7 +247,7 @@ def fail_at_call(monkeypatch, name, call, make_loss):
 
 def test_a_non_finite_training_loss_stops_the_run(tmp_path, monkeypatch):
     fail_at_call(monkeypatch, "train_step", 5, lambda loss, *_: loss * float("nan"))
-    with pytest.raises(FloatingPointError, match=r"step 5: the training loss is nan, so the run "
+    with pytest.raises(UserError, match=r"step 5: the training loss is nan, so the run "
                        r"stops here; the last good checkpoint is \S+state_step000004\.pt"):
         main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=2"])
     last = next(tmp_path.glob("*.txt")).read_text().splitlines()[-1]
@@ -253,7 +256,7 @@ def test_a_non_finite_training_loss_stops_the_run(tmp_path, monkeypatch):
 
 def test_a_non_finite_validation_loss_stops_the_run(tmp_path, monkeypatch):
     fail_at_call(monkeypatch, "evaluate", 2, lambda loss, *_: loss + float("inf"))
-    with pytest.raises(FloatingPointError, match=r"step 2: the validation loss is inf, so the run"
+    with pytest.raises(UserError, match=r"step 2: the validation loss is inf, so the run"
                        r" stops here; no checkpoint was written \(--checkpoint_every=K"):
         main(SIX + [f"--log_dir={tmp_path}"])
 
@@ -264,7 +267,7 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path, monkeypatch):
             model.lm_head.weight[0, 0] = float("nan")
         return loss
     fail_at_call(monkeypatch, "train_step", 3, poison)
-    with pytest.raises(FloatingPointError, match=r"step 3: the norm of the weights is nan, so "
+    with pytest.raises(UserError, match=r"step 3: the norm of the weights is nan, so "
                        r"the run stops here; the last good checkpoint is \S+state_step000002\.pt"):
         main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=1"])
     assert [Path(p).name for p in checkpoints_in(str(next(tmp_path.glob("*/"))))] == [

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from train_gpt import DistributedDataLoader, check_shard, read_shard, write_shard
+from train_gpt import DistributedDataLoader, UserError, check_shard, read_shard, write_shard
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SAMPLE = DATA / "shakespeare"
@@ -108,7 +108,7 @@ def test_a_saved_position_continues_the_stream(tmp_path, saved_after):
 
 def test_a_position_past_the_shards_is_refused(tmp_path):
     _, pattern = make_shards(tmp_path, [300, 300])
-    with pytest.raises(ValueError, match="saved position is in shard 2, but only 2 shards match"):
+    with pytest.raises(UserError, match="saved position is in shard 2, but only 2 shards match"):
         DistributedDataLoader(pattern, 0, 1).load_state_dict(dict(shard=2, pos=0))
 
 
@@ -175,7 +175,7 @@ def corrupt(path, offset, value):
 
 
 def test_no_file_matches_the_pattern(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"nothing_\*\.bin.*cached_fineweb10B\.py"):
+    with pytest.raises(UserError, match=r"nothing_\*\.bin.*cached_fineweb10B\.py"):
         DistributedDataLoader(str(tmp_path / "nothing_*.bin"), 0, 1)
 
 
@@ -192,10 +192,10 @@ def test_bad_shards_are_refused_naming_the_file(tmp_path, edit, message):
     bad = tmp_path / "train_000001.bin"
     edit(bad)
     for check in (check_shard, read_shard):
-        with pytest.raises(ValueError, match=message) as info:
+        with pytest.raises(UserError, match=message) as info:
             check(bad)
         assert str(bad) in str(info.value) and "cached_fineweb10B.py" in str(info.value)
-    with pytest.raises(ValueError, match=message):  # checked up front, not at the boundary
+    with pytest.raises(UserError, match=message):  # checked up front, not at the boundary
         DistributedDataLoader(pattern, 0, 1)
 
 
@@ -204,19 +204,19 @@ def test_shard_too_small_for_one_batch(tmp_path):
     loader = DistributedDataLoader(pattern, 0, 2)
     for _ in range(4):
         loader.next_batch(64)
-    with pytest.raises(ValueError, match=r"train_000001\.bin holds 65 tokens.*batch of 64.*66"):
+    with pytest.raises(UserError, match=r"train_000001\.bin holds 65 tokens.*batch of 64.*66"):
         loader.next_batch(64)
 
 
 def test_first_shard_too_small_for_one_batch(tmp_path):
     _, pattern = make_shards(tmp_path, [65])
-    with pytest.raises(ValueError, match=r"train_000000\.bin holds 65 tokens"):
+    with pytest.raises(UserError, match=r"train_000000\.bin holds 65 tokens"):
         DistributedDataLoader(pattern, 0, 1).next_batch(64)
 
 
 def test_batch_that_the_world_size_does_not_divide(tmp_path):
     _, pattern = make_shards(tmp_path, [300])
-    with pytest.raises(ValueError, match="batch of 100 tokens does not split over 8 ranks"):
+    with pytest.raises(UserError, match="batch of 100 tokens does not split over 8 ranks"):
         DistributedDataLoader(pattern, 0, 8).next_batch(100)
 
 

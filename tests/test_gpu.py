@@ -52,22 +52,28 @@ def test_flex_attention_matches_dense_sdpa(dtype, tolerance):
 
 
 def test_compiled_bf16_model_matches_fp32_eager():
-    """The GPU's model (compiled, FlexAttention, bf16 stream) against the CPU's (eager, fp32)."""
+    """The GPU's model (compiled, FlexAttention, bf16 stream) against the CPU's (eager, fp32),
+    within a tolerance ten times smaller than the change from window 1 to 14: weights large
+    enough for attention to matter, and long documents. Measured on a CPU: the fp32 losses at
+    windows 1 and 14 differ by 0.116; eager bf16 on a CPU is within 1.3e-3 of them."""
+    tolerance = 1e-2
     torch.manual_seed(0)
     reference = perturbed(GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256,
-                              max_seq_len=4096))
+                              max_seq_len=4096), scale=0.5)
     model = GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256, max_seq_len=4096,
                 embed_dtype=torch.bfloat16).cuda()
     model.load_state_dict(reference.state_dict())
     rng = np.random.default_rng(1)
-    tokens = torch.tensor(np.where(rng.random(4097) < 0.003, 50256,
+    tokens = torch.tensor(np.where(rng.random(4097) < 0.0005, 50256,
                                    rng.integers(0, 50257, 4097)))
+    expected = {window: reference(tokens[:-1], tokens[1:], torch.tensor(window)).item()
+                for window in [1, 3, 14]}
+    assert abs(expected[1] - expected[14]) > 10 * tolerance, expected
     compiled = torch.compile(model)
-    for window in [1, 3, 14]:
-        expected = reference(tokens[:-1], tokens[1:], torch.tensor(window)).item()
+    for window in expected:
         got = compiled(tokens[:-1].cuda(), tokens[1:].cuda(),
                        torch.tensor(window, device="cuda")).item()
-        assert abs(got - expected) < 1e-2, (window, got, expected)
+        assert abs(got - expected[window]) < tolerance, (window, got, expected[window])
 
 
 def test_no_recompile_after_the_first_validation():
@@ -111,7 +117,7 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
             return super().paused()
 
-    class Reports(train_gpt.StepReports):
+    class Readout(train_gpt.StepReadout):
         def push(self, step, loss, stop_requested):  # each step is read once the next is queued
             report = super().push(step, loss, stop_requested)
             read.append((step, report and report[0]))
@@ -120,7 +126,7 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
     read = []
     monkeypatch.setattr(train_gpt, "train_step", train_step_watched)
     monkeypatch.setattr(train_gpt, "TrainClock", Clock)
-    monkeypatch.setattr(train_gpt, "StepReports", Reports)
+    monkeypatch.setattr(train_gpt, "StepReadout", Readout)
     try:
         main(SMALL + ["--num_iterations=10", "--val_every=0", "--warmup_steps=0",
                       f"--log_dir={tmp_path}"])

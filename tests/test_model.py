@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from train_gpt import GPT, build_block_mask, dense_attention_mask
+from train_gpt import GPT, UserError, build_block_mask, dense_attention_mask
 
 EOT = 50256
 
@@ -109,12 +109,12 @@ def test_compiled_flex_attention_matches_dense_sdpa():
 # ----------------------------------------------------------------------------- the model
 
 
-def perturbed(model, seed=0):
+def perturbed(model, seed=0, scale=0.05):
     """Give every parameter, the zero-initialised ones included, random nonzero values."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+            p.add_(scale * torch.randn(p.shape, generator=generator))
     return model
 
 
@@ -187,7 +187,7 @@ def test_loss_at_initialisation_is_log_of_padded_vocab():
     tokens = torch.randint(0, 50257, (257,))
     loss = model(tokens[:-1], tokens[1:], torch.tensor(1))
     assert model.lm_head.weight.size(0) == 50304
-    assert abs(loss.item() - math.log(50304)) < 1e-4 and abs(math.log(50304) - 10.8258) < 1e-4
+    assert abs(loss.item() - math.log(50304)) < 1e-4
 
 
 def test_reference_config_parameter_count():
@@ -273,7 +273,7 @@ def test_each_value_embedding_table_is_looked_up_once():
 def test_bad_sequence_length_is_refused(length, message):
     model = GPT(vocab_size=1000, num_layers=2, num_heads=2, model_dim=64, max_seq_len=1024)
     tokens = torch.zeros(length, dtype=torch.long)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         model(tokens, tokens, torch.tensor(1))
 
 
@@ -282,12 +282,12 @@ def test_tokens_outside_the_vocab_are_refused(bad):
     model = GPT(vocab_size=1000, num_layers=2, num_heads=2, model_dim=64, max_seq_len=1024)
     tokens = torch.zeros(128, dtype=torch.long)
     tokens[5] = bad
-    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 1000\)"):
+    with pytest.raises(UserError, match=r"token ids must lie in \[0, 1000\)"):
         model(tokens, tokens, torch.tensor(1))
 
 
 def test_heads_that_do_not_divide_the_width_are_refused():
-    with pytest.raises(ValueError, match="model_dim 100 must split into 3 heads"):
+    with pytest.raises(UserError, match="--model_dim=100 must split into --num_heads=3 heads"):
         GPT(vocab_size=1000, num_layers=2, num_heads=3, model_dim=100)
 
 

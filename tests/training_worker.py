@@ -4,17 +4,20 @@
     training_worker.py grads OUT [--name=value ...]   one train_step, saves the gradients
     training_worker.py crash OUT [...]   train, but the last rank dies in step 5 of the first
                                          attempt (torchrun --max-restarts then starts it again)
-    training_worker.py nan OUT [...]     train, but the last rank's loss of step 5 is NaN;
-                                         each rank writes the error to OUT/stopped_rank<r>.txt
+    training_worker.py nan OUT [...]     train, but the last rank's loss of step 5 is NaN
     training_worker.py sigterm OUT [...] train, but the last rank alone gets SIGTERM in step 5
-    training_worker.py diskfull OUT [...] train, but rank 0 cannot write checkpoints; each rank
-                                         writes the error to OUT/stopped_rank<r>.txt
+    training_worker.py sigint:K OUT [...] (or sigterm:K) the same signal, in step K
+    training_worker.py torchrun_sigterm:K OUT [...]  rank 0 sends SIGTERM to torchrun in step K,
+                                         and waits until torchrun has passed it on to rank 0
+    training_worker.py diskfull OUT [...] train, but rank 0 cannot write checkpoints
 
-Rank 0 writes OUT/result.pt.
+A run that stops on an error writes it to OUT/stopped_rank<r>.txt on each rank; an interrupted
+run prints its message and exits with 1. Rank 0 writes OUT/result.pt.
 """
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -43,29 +46,50 @@ def gradients(argv):
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def break_step_5(mode):
-    """Wrap train_step so that on the last rank its 5th call dies, returns NaN or gets SIGTERM."""
+def break_step(mode, call):
+    """Wrap train_step so that on the last rank its `call`-th call dies, returns NaN or gets a
+    signal (rank 0 for torchrun_sigterm)."""
     original, calls = train_gpt.train_step, []
+    last_rank = int(os.environ.get("RANK", 0)) == int(os.environ.get("WORLD_SIZE", 1)) - 1
 
     def train_step(*args):
         calls.append(None)
         loss = original(*args)
-        if len(calls) == 5 and dist.get_rank() == dist.get_world_size() - 1:
+        if len(calls) == call and mode == "torchrun_sigterm" and os.environ["RANK"] == "0":
+            sigterm_through_torchrun()
+        if len(calls) == call and last_rank:
             if mode == "nan":
                 return torch.full_like(loss, float("nan"))
-            if mode == "sigterm":
-                os.kill(os.getpid(), signal.SIGTERM)
+            if mode in ("sigint", "sigterm"):
+                os.kill(os.getpid(), getattr(signal, mode.upper()))
             if mode == "crash" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
                 os._exit(1)  # no clean-up at all, as in a crash
         return loss
     train_gpt.train_step = train_step
 
 
+def sigterm_through_torchrun():
+    """SIGTERM to torchrun, which passes it on to every worker; return once this one has it, so
+    that the request is part of this step on this rank."""
+    noted, received = signal.getsignal(signal.SIGTERM), []
+
+    def handler(signum, frame):
+        received.append(signum)
+        noted(signum, frame)
+    signal.signal(signal.SIGTERM, handler)
+    os.kill(os.getppid(), signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while not received:
+        if time.monotonic() > deadline:
+            raise RuntimeError("torchrun did not pass SIGTERM on within 60 s")
+        time.sleep(0.01)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    mode, out, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
-    if mode in ("crash", "nan", "sigterm"):
-        break_step_5(mode)
+    (mode, _, call), out, argv = sys.argv[1].partition(":"), Path(sys.argv[2]), sys.argv[3:]
+    if mode not in ("train", "grads", "diskfull"):
+        break_step(mode, int(call or 5))
     if mode == "diskfull" and os.environ["RANK"] == "0":
         def write_checkpoint(state, path):
             raise OSError(28, "No space left on device")
@@ -75,8 +99,8 @@ if __name__ == "__main__":
         result = gradients(argv) if mode == "grads" else train_gpt.main(argv)
         if not dist.is_initialized() or dist.get_rank() == 0:
             torch.save(result, out / "result.pt")
-    except (FloatingPointError, OSError) as err:
-        (out / f"stopped_rank{os.environ['RANK']}.txt").write_text(str(err))
+    except train_gpt.UserError as err:
+        (out / f"stopped_rank{os.environ.get('RANK', 0)}.txt").write_text(str(err))
     except SystemExit as err:  # an interrupted run: its message, and a failure for torchrun
         print(err, file=sys.stderr)
         code = 1
