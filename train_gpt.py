@@ -54,8 +54,8 @@ class Hyperparameters:
     num_layers: int = option(12, "transformer blocks")
     num_heads: int = option(6, "attention heads per block")
     model_dim: int = option(768, "width of the residual stream")
-    no_attention_layers: tuple = option((7,), "layers with an MLP only, comma-separated (the "
-                                        "default, where the model has a layer 7)")
+    no_attention_layers: tuple = option((7,), "layers with an MLP only, e.g. 1,3; the default's "
+                                        "layer 7 is left out of models with fewer layers")
     # optimization
     num_iterations: int = option(1390, "training steps")
     cooldown_frac: float = option(0.4, "the learning rates fall linearly to 0 over this last part")
@@ -64,12 +64,12 @@ class Hyperparameters:
     scalar_lr: float = option(0.04, "Adam: the scalar mixing weights")
     muon_lr: float = option(0.05, "Muon: the matrices of the blocks")
     # run
-    val_every: int = option(125, "and after the last step; 0: only then")
+    val_every: int = option(125, "validate every this many steps and after the last; 0: last only")
     warmup_steps: int = option(10, "untimed steps that compile the kernels, then undone")
-    seed: int = option(0, "of the initial weights")
+    seed: int = option(0, "seeds the initial weights")
     log_dir: str = option("logs", "log: <log_dir>/<run id>.txt; checkpoints: <log_dir>/<run id>/")
     checkpoint_every: int = option(0, "write the training state every this many steps; 0: never")
-    save_checkpoint: bool = option(False, "write it after the last step")
+    save_checkpoint: bool = option(False, "write the training state after the last step")
     resume: str = option("", "continue from this checkpoint (a folder: its newest)")
 
 
@@ -85,8 +85,8 @@ PRESETS = {
 
 class UserError(Exception):
     """Input the user must fix (arguments, data, checkpoints, the launch) or a run that cannot go
-    on (a full disk, a diverged loss): shown as its message alone. Anything else is a bug, and
-    keeps its traceback."""
+    on (a checkpoint that cannot be written, a diverged loss): shown as its message alone.
+    Anything else is a bug, and keeps its traceback."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -625,13 +625,14 @@ def train(args, rank, world_size, device):
     clock = TrainClock(device)
     readout = StepReadout(log, clock, args.num_iterations)
     run = LongRun(args, run_id, world_size, state, clock, log, resume)  # from step 0 or `resume`
+    del resume  # copied into the model and optimizers: free its copy in host memory
 
     val_losses = {}
     with stop_requests() as signals:  # Ctrl-C and SIGTERM, shared with the other ranks
         for step in range(run.first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
             validate = last or (args.val_every and step % args.val_every == 0)
-            # validation, checkpoints and stops wait for the GPU anyway: log the last step now
+            # validation, checkpoints and stops wait for the GPU anyway: log the pending step now
             if validate or run.checkpoint_due(step) or readout.stop_requested:
                 run.check_finite(readout.flush(), "training loss")
             stop = readout.stop_requested and not last  # after the last step: finish as planned
@@ -790,8 +791,9 @@ LIMITS = [
 
 
 def check_config(args, world_size, val_shard_tokens):
-    """Refuse a configuration that cannot run, naming the values and the fix: every check of the
-    hyperparameters starts here."""
+    """Refuse hyperparameters that cannot run on `world_size` ranks with this val shard, naming
+    the values and the fix. The model and the loader check their own arguments as well, for
+    callers that build them directly."""
     for names, allowed, rule in LIMITS:
         for name, value in ((name, getattr(args, name)) for name in names):
             if not allowed(value):
@@ -912,10 +914,10 @@ class StepReadout:
         self.log(f"step:{step}/{self.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms"
                  + (f" step_avg:{ms / step:.2f}ms" if step else ""))  # no average before a step
 
-    def push(self, step, loss, stop_requested):
+    def push(self, step, loss, signalled):
         """Queue step `step`'s loss and stop request; log the previous step's line, and return
         its (step, mean train loss), or None."""
-        values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, stop_requested)]))
+        values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, signalled)]))
         host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
         arrived = torch.cuda.Event() if values.is_cuda else None
         if arrived:
@@ -1007,9 +1009,14 @@ class LongRun:
         values are means over the ranks, so every rank stops."""
         if report is not None and not math.isfinite(report[1]):
             self.fail(UserError, f"step {report[0]}: the {what} is {report[1]}, so the run stops "
-                      f"here; " + (f"the last good checkpoint is {self.last_checkpoint}" if
-                                   self.last_checkpoint else "no checkpoint was written "
-                                   "(--checkpoint_every=K writes one every K steps)"))
+                      f"here; {self.newest()}")
+
+    def newest(self):
+        """Where the run can go on from, for the message that ends it."""
+        if self.last_checkpoint:
+            return f"the last good checkpoint is {self.last_checkpoint}"
+        return "no checkpoint was written" + ("" if self.args.checkpoint_every else
+                                              " (--checkpoint_every=K writes one every K steps)")
 
     def fail(self, error, message):
         self.log(message)
@@ -1028,7 +1035,7 @@ class LongRun:
             on_rank_0(write_checkpoint, checkpoint, path)
         except OSError as err:
             self.fail(UserError, f"cannot write the checkpoint {path} ({err}); free space or "
-                      f"change --log_dir")
+                      f"change --log_dir; {self.newest()}")
         self.log(f"checkpoint: step {step} written to {path} in "
                  f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
         self.last_checkpoint = path
@@ -1061,8 +1068,9 @@ def make_run_id():
 
 
 def find_checkpoint(args, run_id, world_size):
-    """The checkpoint to continue from, as (path, checkpoint), or None. Rank 0 picks the file;
-    every rank reads it, so on several nodes --log_dir must be a folder they all share."""
+    """The checkpoint to continue from, as (path, checkpoint), or None. Rank 0 picks the file and
+    every rank reads it, so on several nodes it must lie in a folder they all share: --log_dir,
+    for the checkpoints a restart continues from."""
     path = on_rank_0(resume_path, args, run_id)
     return (path, load_checkpoint(path, args, world_size)) if path else None
 

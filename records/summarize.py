@@ -5,8 +5,10 @@
 
 For each folder it reads the log files (*.txt, as train_gpt.py writes them) and prints the number
 of runs, the mean and standard deviation of the final validation loss, the p-value of a
-one-sided one-sample t-test of "mean < 3.28", and the mean training time. A result claims the
-target only with p < 0.01. Needs only numpy and the standard library.
+one-sided one-sample t-test of "mean < 3.28", the mean training time and the mean time per step.
+Compare the time per step with other scripts' records: the 2025-01-04 record's clock left out its
+first 10 steps (148.08 ms = 204,345 ms / 1,380 steps), train_gpt.py's counts all of them. A
+result claims the target only with p < 0.01. Needs only numpy and the standard library.
 """
 import math
 import re
@@ -20,12 +22,13 @@ VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:([\d.]+) train_time:(\d+)ms")
 
 
 def final_result(path):
-    """(final val loss, train time in ms) of a finished run's log, or None if it did not finish."""
+    """(final val loss, train time in ms, steps) of a finished run's log, or None if it did not
+    finish."""
     result = None
     for line in Path(path).read_text(errors="replace").splitlines():
         match = VAL_LINE.match(line)
         if match and match[1] == match[2]:
-            result = float(match[3]), float(match[4])
+            result = float(match[3]), float(match[4]), int(match[2])
     return result
 
 
@@ -66,10 +69,11 @@ def summarize(folder):
     results = [r for r in map(final_result, sorted(Path(folder).glob("*.txt"))) if r]
     if not results:
         return None
-    losses = np.array([loss for loss, _ in results])
+    losses = np.array([loss for loss, _, _ in results])
     summary = dict(folder=str(folder), runs=len(losses), mean=losses.mean(),
                    std=losses.std(ddof=1) if len(losses) > 1 else float("nan"),
-                   p=float("nan"), time_s=np.mean([ms for _, ms in results]) / 1e3)
+                   p=float("nan"), time_s=np.mean([ms for _, ms, _ in results]) / 1e3,
+                   step_ms=np.mean([ms / steps for _, ms, steps in results]))
     if len(losses) > 1 and summary["std"] > 0:
         t = (summary["mean"] - TARGET) / (summary["std"] / math.sqrt(len(losses)))
         summary["p"] = student_t_cdf(t, len(losses) - 1)
@@ -81,7 +85,7 @@ def main(argv=None):
     root = Path(__file__).resolve().parent
     folders = [Path(a) for a in argv] or sorted(p for p in root.iterdir() if p.is_dir())
     print(f"{'folder':<40} {'runs':>4} {'mean val':>9} {'std':>7} {'p(<3.28)':>9} "
-          f"{'train time':>11}  target")
+          f"{'train time':>11} {'per step':>9}  target")
     for folder in folders:
         s = summarize(folder)
         if s is None:
@@ -89,7 +93,7 @@ def main(argv=None):
             continue
         verdict = "met" if s["p"] < 0.01 else "not shown"
         print(f"{Path(s['folder']).name:<40} {s['runs']:>4} {s['mean']:>9.4f} {s['std']:>7.4f} "
-              f"{s['p']:>9.2g} {s['time_s']:>10.1f}s  {verdict}")
+              f"{s['p']:>9.2g} {s['time_s']:>10.1f}s {s['step_ms']:>7.1f}ms  {verdict}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import train_gpt
-from test_training import TINY
+from test_training import TINY, assert_same_state, checkpoint
 from train_gpt import UserError, checkpoints_in, main, write_checkpoint
 
 SIX = TINY + ["--num_iterations=6"]  # validation at steps 0, 2, 4 and 6
@@ -25,11 +25,6 @@ def torchrun(mode, out, argv, nproc=2, launcher_args=(), timeout=300):
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
-def checkpoint(folder, step):
-    (path,) = Path(folder).glob(f"*/state_step{step:06d}.pt")
-    return path
-
-
 def logged_losses(folder, after):
     """{line kind and step: the loss as printed} for the steps after `after`, from the log."""
     (log,) = Path(folder).glob("*.txt")
@@ -39,19 +34,6 @@ def logged_losses(folder, after):
         if int(match[1]) > after:
             found[match[2][:3], int(match[1])] = re.search(r"loss:(\d+\.\d+)", match[0])[1]
     return found
-
-
-def assert_same_state(a, b):
-    """Two checkpoints hold the same training state, bit for bit."""
-    a, b = (torch.load(path, weights_only=True) for path in (a, b))
-    assert a["step"] == b["step"] and a["train_loader"] == b["train_loader"]
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
-    for part in ("adam", "muon"):
-        assert a[part]["state"].keys() == b[part]["state"].keys(), part
-        for index, state in a[part]["state"].items():
-            for key, value in state.items():
-                assert torch.equal(value, b[part]["state"][index][key]), (part, index, key)
 
 
 @pytest.fixture(scope="module")
@@ -172,13 +154,16 @@ def test_a_signal_to_one_rank_stops_every_rank(tmp_path):
 
 
 def test_a_failed_write_stops_every_rank(tmp_path):
-    """Rank 0 writes alone; its OSError must reach rank 1, which would otherwise wait."""
-    result = torchrun("diskfull", tmp_path, SIX + ["--checkpoint_every=2"], timeout=120)
+    """Rank 0 writes alone; its OSError must reach rank 1, which would otherwise wait. The
+    message names the checkpoint written before."""
+    result = torchrun("diskfull:2", tmp_path, SIX + ["--checkpoint_every=2"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()
-        assert re.fullmatch(r"cannot write the checkpoint \S+state_step000002\.pt \(\[Errno 28\] "
-                            r"No space left on device\); free space or change --log_dir", stopped)
+        assert stopped == (f"cannot write the checkpoint {checkpoint(tmp_path, 2).parent}/"
+                           f"state_step000004.pt ([Errno 28] No space left on device); free "
+                           f"space or change --log_dir; the last good checkpoint is "
+                           f"{checkpoint(tmp_path, 2)}")
 
 
 def test_checkpoint_writes_are_atomic_and_keep_the_newest_two(tmp_path, monkeypatch):

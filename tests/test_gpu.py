@@ -118,8 +118,8 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
             return super().paused()
 
     class Readout(train_gpt.StepReadout):
-        def push(self, step, loss, stop_requested):  # each step is read once the next is queued
-            report = super().push(step, loss, stop_requested)
+        def push(self, step, loss, signalled):  # each step is read once the next is queued
+            report = super().push(step, loss, signalled)
             read.append((step, report and report[0]))
             return report
 

@@ -23,7 +23,7 @@ def test_t_cdf_matches_tables(t, dof, p):
 
 
 def write_log(folder, name, final_loss, train_ms, steps=1390):
-    lines = [f"step:0/{steps} val_loss:10.8258 train_time:0ms step_avg:0.00ms",
+    lines = [f"step:0/{steps} val_loss:10.8258 train_time:0ms",
              f"step:{steps}/{steps} train_time:{train_ms}ms step_avg:1.00ms train_loss:3.3",
              f"step:{steps}/{steps} val_loss:{final_loss:.4f} train_time:{train_ms}ms "
              f"step_avg:1.00ms", "peak memory consumption: 31563 MiB"]
@@ -42,12 +42,13 @@ def test_summary_of_a_folder(tmp_path, capsys):
     assert s["p"] == pytest.approx(student_t_cdf(-4.3915, 3), rel=1e-3)
     assert 0.01 < s["p"] < 0.025  # t(3): 3.182 < 4.39 < 4.541
     assert s["time_s"] == pytest.approx(201.5)
+    assert s["step_ms"] == pytest.approx(201_500 / 1390)
     main([str(tmp_path)])
     assert "not shown" in capsys.readouterr().out  # p >= 0.01: no claim
 
 
 def test_only_the_final_validation_counts(tmp_path):
     write_log(tmp_path, "a.txt", 3.2791, 204_345)
-    assert final_result(tmp_path / "a.txt") == (3.2791, 204345.0)
+    assert final_result(tmp_path / "a.txt") == (3.2791, 204345.0, 1390)
     (tmp_path / "b.txt").write_text("step:125/1390 val_loss:4.3700 train_time:1ms step_avg:1ms\n")
     assert final_result(tmp_path / "b.txt") is None

@@ -9,7 +9,8 @@
     training_worker.py sigint:K OUT [...] (or sigterm:K) the same signal, in step K
     training_worker.py torchrun_sigterm:K OUT [...]  rank 0 sends SIGTERM to torchrun in step K,
                                          and waits until torchrun has passed it on to rank 0
-    training_worker.py diskfull OUT [...] train, but rank 0 cannot write checkpoints
+    training_worker.py diskfull:K OUT [...] train, but rank 0 cannot write the K-th checkpoint
+                                         or any after it
 
 A run that stops on an error writes it to OUT/stopped_rank<r>.txt on each rank; an interrupted
 run prints its message and exits with 1. Rank 0 writes OUT/result.pt.
@@ -91,8 +92,13 @@ if __name__ == "__main__":
     if mode not in ("train", "grads", "diskfull"):
         break_step(mode, int(call or 5))
     if mode == "diskfull" and os.environ["RANK"] == "0":
+        written, write = [], train_gpt.write_checkpoint
+
         def write_checkpoint(state, path):
-            raise OSError(28, "No space left on device")
+            if len(written) + 1 >= int(call):
+                raise OSError(28, "No space left on device")
+            write(state, path)
+            written.append(path)
         train_gpt.write_checkpoint = write_checkpoint
     code = 0
     try:
