@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_map_only
+from tqdm import tqdm
 
 # ----------------------------------------------------------------------------- hyperparameters
 
@@ -618,8 +619,7 @@ def train(args, rank, world_size, device):
     # Compile and warm up on a few steps, then put everything back as it was: the timed run is
     # the run without them. The snapshot waits in host memory, not beside the weights.
     initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True), training_state(*state))
-    for step in range(args.warmup_steps):
-        step_once(step)
+    warm_up(step_once, args.warmup_steps, log, show=rank == 0)
     restore_training_state(initial, *state)
     del initial
     clock = TrainClock(device)
@@ -873,6 +873,25 @@ def log_peak_memory(log, device):
     else:  # ru_maxrss is in KiB on Linux
         log(f"peak memory consumption: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"
             f" MiB (CPU run: peak resident set size of rank 0)")
+
+
+def warm_up(step_once, steps, log, show):
+    """Run the untimed steps that compile the kernels, and show them as they end (`show`: rank
+    0), as a bar on a terminal or a line each in a redirected output: with a cold compile cache
+    they take minutes, which a silent script cannot tell apart from a hang."""
+    if not steps:
+        return
+    started = time.perf_counter()
+    bar = tqdm(total=steps, desc="warm-up (compiling)", unit="step",
+               disable=not show or not sys.stderr.isatty())
+    for step in range(steps):
+        step_once(step).item()  # wait for the step, so that the time shown is its end
+        bar.update()
+        if show and bar.disable:
+            print(f"warm-up step {step + 1}/{steps}: {time.perf_counter() - started:.1f}s",
+                  flush=True)
+    bar.close()
+    log(f"warm-up: {steps} steps in {time.perf_counter() - started:.1f}s (compilation), undone")
 
 
 class TrainClock:

@@ -2,11 +2,13 @@
 import dataclasses
 import datetime
 import importlib.util
+import io
 import os
 import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -323,6 +325,57 @@ def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
     for line, pattern in zip(steps, patterns):
         assert re.fullmatch(pattern, line), line
     assert re.fullmatch(r"peak memory consumption: \d+ MiB.*", lines[-1])
+
+
+def test_the_warm_up_shows_each_step_and_logs_its_time(tmp_path, capsys):
+    """Redirected output (not a terminal) gets a line per warm-up step; the log gets the total,
+    between the header and the step lines."""
+    main(TINY + [f"--log_dir={tmp_path}", "--warmup_steps=2"])
+    shown = re.findall(r"^warm-up step (\d)/2: (\d+\.\d)s$", capsys.readouterr().out, re.MULTILINE)
+    assert [step for step, _ in shown] == ["1", "2"]
+    (log,) = tmp_path.glob("*.txt")
+    lines = log.read_text().splitlines()
+    (total,) = [line for line in lines if line.startswith("warm-up")]
+    seconds = float(re.fullmatch(r"warm-up: 2 steps in (\d+\.\d)s \(compilation\), undone",
+                                 total)[1])
+    assert float(shown[0][1]) <= float(shown[1][1]) <= seconds + 0.1
+    assert lines.index(total) + 1 == lines.index("step:0/4 val_loss:10.8258 train_time:0ms")
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_warm_up_times_the_end_of_each_step(terminal, monkeypatch, capsys):
+    """A step's time is taken when its result is there: a bar on a terminal, lines otherwise."""
+    monkeypatch.setattr(sys, "stderr", Terminal() if terminal else io.StringIO())
+    logged = []
+
+    def step_once(step):
+        time.sleep(0.2)
+        return torch.tensor(float(step))
+    train_gpt.warm_up(step_once, 3, logged.append, show=True)
+    out, bar = capsys.readouterr().out, sys.stderr.getvalue()
+    seconds = [float(t) for t in re.findall(r"warm-up step \d/3: (\d+\.\d)s", out)]
+    if terminal:
+        assert seconds == [] and "warm-up (compiling): 100%" in bar and "3/3 [00:00" in bar
+    else:
+        assert bar == "" and len(seconds) == 3
+        assert all(0.2 * k - 0.05 <= t < 0.2 * k + 0.5 for k, t in enumerate(seconds, 1)), seconds
+    (total,) = logged
+    assert 0.55 <= float(re.fullmatch(r"warm-up: 3 steps in (\d+\.\d)s \(compilation\), undone",
+                                      total)[1]) < 1.5
+
+
+def test_warm_up_shows_nothing_on_other_ranks_and_when_there_is_none(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    logged = []
+    train_gpt.warm_up(lambda step: torch.tensor(0.0), 2, logged.append, show=False)
+    train_gpt.warm_up(lambda step: torch.tensor(0.0), 0, logged.append, show=True)
+    assert capsys.readouterr().out == "" and sys.stderr.getvalue() == ""
+    assert logged == ["warm-up: 2 steps in 0.0s (compilation), undone"]  # a no-op off rank 0
 
 
 def test_step_lines_are_read_one_step_late(tmp_path, monkeypatch):
