@@ -1,0 +1,114 @@
+"""benchmarks/compare.py: alternating runs of two whole scripts, their step_avg, mean, spread and
+ratio, checked against figures worked by hand on stand-in scripts, then on train_gpt.py itself."""
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import compare  # noqa: E402
+
+# A stand-in for a training script: it notes its name, arguments and world size, and writes a
+# log whose final step_avg is the next of its STEP_AVGS.
+STAND_IN = """import os, sys
+from pathlib import Path
+log_dir = Path(next(a for a in sys.argv if a.startswith("--log_dir="))[len("--log_dir="):])
+if os.environ.get("RANK", "0") == "0":
+    with open(log_dir.parent / "order.txt", "a") as f:
+        print(NAME, os.environ.get("WORLD_SIZE", "1"), *sys.argv[1:-1], file=f)
+    n = (log_dir.parent / "order.txt").read_text().split().count(NAME)
+    ms = STEP_AVGS[n - 1]
+    (log_dir / "0f1e.txt").write_text(
+        "step:0/5 val_loss:10.8258 train_time:0ms\\n"
+        f"step:4/5 train_time:1ms step_avg:999.00ms train_loss:3.1\\n"
+        f"step:5/5 train_time:{5 * ms:.0f}ms step_avg:{ms + 0.004:.2f}ms train_loss:3.0\\n"
+        f"step:5/5 val_loss:3.2000 train_time:{5 * ms:.0f}ms step_avg:{ms:.2f}ms\\n")
+"""
+
+
+def stand_in(folder, name, step_avgs, fail=False):
+    path = folder / f"{name}.py"
+    path.write_text(f"NAME, STEP_AVGS = {name!r}, {step_avgs!r}\n" + (
+        "import sys\nprint('Traceback (most recent call last):\\nboom')\nsys.exit(3)\n"
+        if fail else STAND_IN))
+    return path
+
+
+def test_alternating_runs_compared_by_hand(tmp_path, capsys):
+    a = stand_in(tmp_path, "a", [100.0, 104.0, 102.0])
+    b = stand_in(tmp_path, "b", [90.0, 91.0, 92.0])
+    out = tmp_path / "out"
+    result = compare.main([str(a), str(b), "--runs=3", f"--out={out}", "--",
+                           "--num_iterations=5", "--val_every=0"])
+    assert (out / "order.txt").read_text().splitlines() == [
+        f"{name} 1 --num_iterations=5 --val_every=0" for name in "ababab"]
+    # by hand: means 102 and 91, spreads 4 and 2, 91 / 102 = 0.89216, 11 ms > 4 ms
+    assert result["baseline"] == dict(script=str(a), step_avg_ms=[100.0, 104.0, 102.0],
+                                      mean_ms=102.0, spread_ms=4.0)
+    assert result["attempt"] == dict(script=str(b), step_avg_ms=[90.0, 91.0, 92.0],
+                                     mean_ms=91.0, spread_ms=2.0)
+    assert result["ratio"] == pytest.approx(0.892157, abs=1e-6)
+    assert result["exceeds_spread"] is True
+    assert json.loads((out / "compare.json").read_text()) == result
+    text = capsys.readouterr().out
+    assert "attempt / baseline: 0.8922 (-11.00ms per step); larger than the larger spread, " \
+           "4.00ms" in text
+    assert "baseline" in text and "step_avg 102.00ms, spread 4.00ms over 3 runs" in text
+
+
+def test_a_difference_within_the_spread_is_said_to_be(tmp_path, capsys):
+    a = stand_in(tmp_path, "a", [100.0, 110.0])
+    b = stand_in(tmp_path, "b", [103.0, 105.0])
+    result = compare.main([str(a), str(b), "--runs=2", f"--out={tmp_path / 'out'}"])
+    assert result["ratio"] == pytest.approx(104 / 105) and result["exceeds_spread"] is False
+    assert "(-1.00ms per step); within the larger spread, 10.00ms" in capsys.readouterr().out
+
+
+def test_a_failed_run_stops_with_its_last_lines(tmp_path):
+    a = stand_in(tmp_path, "a", [100.0])
+    b = stand_in(tmp_path, "b", [], fail=True)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"b\.py failed \(exit status 3\) in \S+attempt_1; its "
+                       r"last lines:\nTraceback \(most recent call last\):\nboom$"):
+        compare.main([str(a), str(b), "--runs=2", f"--out={out}"])
+    assert (out / "order.txt").read_text().split() == ["a", "1"]  # nothing ran after it
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["missing.py", "{a}"], "missing.py: no such file"),
+    (["{a}", "{a}", "--runs=0"], "--runs=0 and --nproc_per_node=1 must be 1 or more"),
+    (["{a}", "{a}", "--", "--log_dir=x"], "leave --log_dir out"),
+    (["{a}", "{a}", "--out={tmp}"], "is not empty; name a new folder"),
+])
+def test_bad_arguments_are_refused(argv, message, tmp_path, capsys):
+    a = stand_in(tmp_path, "a", [1.0])
+    with pytest.raises(SystemExit):
+        compare.main([arg.format(a=a, tmp=tmp_path) for arg in argv])
+    assert message in capsys.readouterr().err
+
+
+def test_torchrun_runs_each_script_on_several_processes(tmp_path):
+    a, b = stand_in(tmp_path, "a", [10.0]), stand_in(tmp_path, "b", [20.0])
+    result = compare.main([str(a), str(b), "--runs=1", "--nproc_per_node=2",
+                           f"--out={tmp_path / 'out'}"])
+    assert (tmp_path / "out" / "order.txt").read_text().split() == ["a", "2", "b", "2"]
+    assert result["ratio"] == 2.0 and result["nproc_per_node"] == 2
+
+
+def test_two_copies_of_the_training_script(tmp_path):
+    """The real thing, on the smoke preset: the figure compared is the log's own last step_avg."""
+    copy = tmp_path / "attempt.py"
+    shutil.copy(ROOT / "train_gpt.py", copy)
+    out = tmp_path / "out"
+    result = compare.main([str(ROOT / "train_gpt.py"), str(copy), "--runs=1", f"--out={out}",
+                           "--", "--preset=smoke", "--num_iterations=3", "--val_every=0"])
+    for label in ("baseline", "attempt"):
+        (log,) = [p for p in (out / f"{label}_1").glob("*.txt") if p.name != "output.txt"]
+        last = log.read_text().splitlines()[-2]
+        assert re.fullmatch(r"step:3/3 val_loss:\d+\.\d+ train_time:\d+ms step_avg:[\d.]+ms", last)
+        assert result[label]["step_avg_ms"] == [float(re.search(r"step_avg:([\d.]+)ms", last)[1])]
+    assert 0.5 < result["ratio"] < 2
