@@ -1,89 +1,125 @@
-"""Summarize the runs of each record folder: is the 3.28 target met?
+"""Summarize the runs of each record folder (is the 3.28 target met?) and draw their loss curves.
 
-    python records/summarize.py                 # every folder under records/
-    python records/summarize.py records/FOLDER  # some folders
+    python records/summarize.py                          # every folder under records/
+    python records/summarize.py records/FOLDER ...       # some folders
+    python records/summarize.py --plot curves.png [...]  # and draw them
 
-For each folder it reads the log files (*.txt, as train_gpt.py writes them) and prints the number
-of runs, the mean and standard deviation of the final validation loss, the p-value of a
-one-sided one-sample t-test of "mean < 3.28", the mean training time and the mean time per step.
-Compare the time per step with other scripts' records: the 2025-01-04 record's clock left out its
-first 10 steps (148.08 ms = 204,345 ms / 1,380 steps), train_gpt.py's counts all of them. A
-result claims the target only with p < 0.01. Needs only numpy and the standard library.
+For each folder it reads the log files in it (*.txt, as train_gpt.py writes them) and prints the
+number of finished runs, the mean and standard deviation of the final validation loss, the
+p-value of a one-sided one-sample t-test of "mean < 3.28", the mean training time and the mean
+time per step. A result claims the target only with p < 0.01. The 2025-01-04 record's figures,
+from reference_2025-01-04.json beside this file, come last, for comparison.
+
+Compare the time per step with the record's: its clock left out its first 10 steps (148.08 ms =
+204,345 ms / 1,380 steps), train_gpt.py's counts all of them.
+
+--plot draws the val loss of every run, finished or not, against train time and against step,
+one colour per folder, with the record's curve and the 3.28 line. Needs numpy, scipy and
+matplotlib.
 """
-import math
+import argparse
+import json
 import re
-import sys
 from pathlib import Path
 
+import matplotlib
 import numpy as np
+from scipy import stats
+
+matplotlib.use("Agg")  # draws to files; no display needed
+import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 TARGET = 3.28
-VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:([\d.]+) train_time:(\d+)ms")
+HERE = Path(__file__).resolve().parent
+REFERENCE = HERE / "reference_2025-01-04.json"
+VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:([\d.]+) train_time:(\d+)ms", re.MULTILINE)
+
+
+def val_curve(path):
+    """The validation points of a log: a dict of lists (step, train_time_ms, val_loss) and the
+    run's planned steps, or None if the log has none."""
+    points = VAL_LINE.findall(Path(path).read_text(errors="replace"))
+    if not points:
+        return None
+    return dict(step=[int(p[0]) for p in points], train_time_ms=[float(p[3]) for p in points],
+                val_loss=[float(p[2]) for p in points], steps=int(points[-1][1]))
 
 
 def final_result(path):
     """(final val loss, train time in ms, steps) of a finished run's log, or None if it did not
     finish."""
-    result = None
-    for line in Path(path).read_text(errors="replace").splitlines():
-        match = VAL_LINE.match(line)
-        if match and match[1] == match[2]:
-            result = float(match[3]), float(match[4]), int(match[2])
-    return result
+    curve = val_curve(path)
+    if curve is None or curve["step"][-1] != curve["steps"]:
+        return None
+    return curve["val_loss"][-1], curve["train_time_ms"][-1], curve["steps"]
 
 
-def incomplete_beta(a, b, x):
-    """The regularized incomplete beta function I_x(a, b), from its continued fraction."""
-    if x <= 0 or x >= 1:
-        return float(x >= 1)
-    if x > (a + 1) / (a + b + 2):  # the fraction converges quickly only on this side
-        return 1 - incomplete_beta(b, a, 1 - x)
-
-    def clamp(v):  # keeps the modified Lentz recurrence away from division by zero
-        return v if abs(v) > 1e-300 else 1e-300
-
-    c, d = 1.0, 1 / clamp(1 - (a + b) * x / (a + 1))
-    fraction = d
-    for m in range(1, 300):
-        even = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        odd = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        for coefficient in (even, odd):
-            d = 1 / clamp(1 + coefficient * d)
-            c = clamp(1 + coefficient / c)
-            fraction *= c * d
-        if abs(c * d - 1) < 1e-15:
-            break
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
-    return math.exp(log_front) * fraction / a
+def run_logs(folder):
+    return sorted(Path(folder).glob("*.txt"))
 
 
-def student_t_cdf(t, dof):
-    """P(T <= t) for Student's t distribution with `dof` degrees of freedom."""
-    tail = 0.5 * incomplete_beta(dof / 2, 0.5, dof / (dof + t * t))
-    return tail if t < 0 else 1 - tail
+def p_below_target(losses):
+    """The p-value of a one-sided t-test of "the mean of these losses is below 3.28"."""
+    if len(losses) < 2 or np.std(losses) == 0:
+        return float("nan")
+    return float(stats.ttest_1samp(losses, TARGET, alternative="less").pvalue)
 
 
 def summarize(folder):
     """Per-folder numbers as a dict, or None when the folder holds no finished run."""
-    results = [r for r in map(final_result, sorted(Path(folder).glob("*.txt"))) if r]
+    results = [r for r in map(final_result, run_logs(folder)) if r]
     if not results:
         return None
     losses = np.array([loss for loss, _, _ in results])
-    summary = dict(folder=str(folder), runs=len(losses), mean=losses.mean(),
-                   std=losses.std(ddof=1) if len(losses) > 1 else float("nan"),
-                   p=float("nan"), time_s=np.mean([ms for _, ms, _ in results]) / 1e3,
-                   step_ms=np.mean([ms / steps for _, ms, steps in results]))
-    if len(losses) > 1 and summary["std"] > 0:
-        t = (summary["mean"] - TARGET) / (summary["std"] / math.sqrt(len(losses)))
-        summary["p"] = student_t_cdf(t, len(losses) - 1)
-    return summary
+    return dict(folder=str(folder), runs=len(losses), mean=losses.mean(),
+                std=losses.std(ddof=1) if len(losses) > 1 else float("nan"),
+                p=p_below_target(losses), time_s=np.mean([ms for _, ms, _ in results]) / 1e3,
+                step_ms=np.mean([ms / steps for _, ms, steps in results]))
+
+
+def load_reference(path=REFERENCE):
+    return json.loads(Path(path).read_text())
+
+
+def plot(folders, path, reference):
+    """Draw the val loss of every run in `folders` against train time and against step, and
+    save it as `path`: the i-th folder that has runs in matplotlib's colour C<i>, the reference
+    in black, the target as a grey dashed line."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    lines = dict(marker="o", markersize=4, linewidth=1.5)
+    drawn = [(folder, curves) for folder in folders
+             if (curves := [c for c in map(val_curve, run_logs(folder)) if c])]
+    for i, (folder, curves) in enumerate(drawn):
+        for j, curve in enumerate(curves):
+            label = (f"{Path(folder).name} ({len(curves)} run{'s' * (len(curves) > 1)})"
+                     if j == 0 else None)
+            axes[0].plot(np.array(curve["train_time_ms"]) / 1e3, curve["val_loss"], color=f"C{i}",
+                         label=label, **lines)
+            axes[1].plot(curve["step"], curve["val_loss"], color=f"C{i}", **lines)
+    axes[0].plot(np.array(reference["train_time_ms"]) / 1e3, reference["val_loss"], color="black",
+                 label=f"{reference['name']} (its clock from step 11)", **lines)
+    axes[1].plot(reference["step"], reference["val_loss"], color="black", **lines)
+    for ax, xlabel in zip(axes, ["train time (s)", "step"]):
+        ax.axhline(TARGET, color="0.5", linestyle="--", linewidth=1, label="3.28" if ax is
+                   axes[0] else None)
+        ax.set(xlabel=xlabel, yscale="log", yticks=[3.28, 3.5, 4, 5, 6, 8, 10])
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.grid(True, which="both", color="0.9")
+    axes[0].set_ylabel("val loss")
+    fig.legend(loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below the axes
+    fig.savefig(path)
+    return fig
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    root = Path(__file__).resolve().parent
-    folders = [Path(a) for a in argv] or sorted(p for p in root.iterdir() if p.is_dir())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folders", nargs="*", type=Path, help="default: every folder here")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="draw the curves to this file")
+    args = parser.parse_args(argv)
+    folders = args.folders or sorted(p for p in HERE.iterdir() if p.is_dir())
+    reference = load_reference()
     print(f"{'folder':<40} {'runs':>4} {'mean val':>9} {'std':>7} {'p(<3.28)':>9} "
           f"{'train time':>11} {'per step':>9}  target")
     for folder in folders:
@@ -93,7 +129,14 @@ def main(argv=None):
             continue
         verdict = "met" if s["p"] < 0.01 else "not shown"
         print(f"{Path(s['folder']).name:<40} {s['runs']:>4} {s['mean']:>9.4f} {s['std']:>7.4f} "
-              f"{s['p']:>9.2g} {s['time_s']:>10.1f}s {s['step_ms']:>7.1f}ms  {verdict}")
+              f"{s['p']:>9.2g} {s['time_s']:>10.1f}s {s['step_ms']:>7.2f}ms  {verdict}")
+    ms = reference["train_time_ms"][-1]
+    print(f"{reference['name'] + ' (its log)':<40} {reference['runs']:>4} "
+          f"{reference['mean']:>9.4f} {reference['std']:>7.4f} {'':>9} {ms / 1e3:>10.1f}s "
+          f"{ms / reference['timed_steps']:>7.2f}ms")
+    if args.plot:
+        plot(folders, args.plot, reference)
+        print(f"curves drawn to {args.plot}")
 
 
 if __name__ == "__main__":

@@ -1,25 +1,45 @@
-"""records/summarize.py: the Student-t CDF and the per-folder summary."""
+"""records/summarize.py: the t-test against closed forms and tables, the per-folder summary, the
+reference data, and the plot, read back pixel by pixel."""
+import json
 import math
+import re
 import sys
 from pathlib import Path
 
+import matplotlib.colors
+import matplotlib.image
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "records"))
-from summarize import final_result, main, student_t_cdf, summarize  # noqa: E402
+from summarize import (REFERENCE, final_result, load_reference, main, p_below_target,  # noqa: E402
+                       plot, summarize, val_curve)
 
 
-@pytest.mark.parametrize("t", [-30, -3.1, -1.0, -0.2, 0.0, 0.5, 2.7])
-def test_t_cdf_matches_closed_forms(t):
-    assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
-    assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+def losses_with_t(t, n):
+    """n losses whose one-sample t statistic against 3.28 is t."""
+    spread = np.linspace(-1e-3, 1e-3, n)
+    return 3.28 + spread + t * spread.std(ddof=1) / math.sqrt(n)
+
+
+@pytest.mark.parametrize("t", [-30, -3.1, -1.0, -0.2, 0.5, 2.7])
+def test_p_value_matches_closed_forms(t):
+    """Student's t CDF in closed form for 1 and 2 degrees of freedom."""
+    assert p_below_target(losses_with_t(t, 2)) == pytest.approx(0.5 + math.atan(t) / math.pi,
+                                                                abs=1e-9)
+    assert p_below_target(losses_with_t(t, 3)) == pytest.approx(
+        0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-9)
 
 
 @pytest.mark.parametrize("t, dof, p", [  # one-sided critical values from published t tables
     (-2.015, 5, 0.05), (-3.365, 5, 0.01), (-2.764, 10, 0.01), (-1.729, 19, 0.05),
-    (-2.374, 79, 0.01), (-1.960, 10**7, 0.025)])
-def test_t_cdf_matches_tables(t, dof, p):
-    assert student_t_cdf(t, dof) == pytest.approx(p, abs=2e-4)
+    (-2.374, 79, 0.01)])
+def test_p_value_matches_tables(t, dof, p):
+    assert p_below_target(losses_with_t(t, dof + 1)) == pytest.approx(p, abs=2e-4)
+
+
+def test_no_p_value_without_a_spread():
+    assert math.isnan(p_below_target([3.27])) and math.isnan(p_below_target([3.27, 3.27]))
 
 
 def write_log(folder, name, final_loss, train_ms, steps=1390):
@@ -27,6 +47,7 @@ def write_log(folder, name, final_loss, train_ms, steps=1390):
              f"step:{steps}/{steps} train_time:{train_ms}ms step_avg:1.00ms train_loss:3.3",
              f"step:{steps}/{steps} val_loss:{final_loss:.4f} train_time:{train_ms}ms "
              f"step_avg:1.00ms", "peak memory consumption: 31563 MiB"]
+    folder.mkdir(exist_ok=True)
     (folder / name).write_text("print('source code of the run')\n" + "\n".join(lines) + "\n")
 
 
@@ -36,10 +57,13 @@ def test_summary_of_a_folder(tmp_path, capsys):
     (tmp_path / "unfinished.txt").write_text("step:0/1390 val_loss:10.8258 train_time:0ms\n")
     s = summarize(tmp_path)
     # by hand: mean 3.278125, deviations (-.125, .875, -1.125, .375)e-3, sum of squares
-    # 2.1875e-6, sample std sqrt(2.1875e-6 / 3) = 8.539e-4, t = -1.875e-3 / 4.2696e-4 = -4.391
+    # 2.1875e-6, sample std sqrt(2.1875e-6 / 3) = 8.539e-4, t = -1.875e-3 / 4.2696e-4 = -4.3915;
+    # t(3) in closed form: F(t) = 1/2 + (1/pi) (atan(t/sqrt3) + sqrt3 t / (3 + t^2))
     assert s["runs"] == 4 and s["mean"] == pytest.approx(3.278125)
     assert s["std"] == pytest.approx(math.sqrt(2.1875e-6 / 3))
-    assert s["p"] == pytest.approx(student_t_cdf(-4.3915, 3), rel=1e-3)
+    t = -4.3915
+    assert s["p"] == pytest.approx(0.5 + (math.atan(t / math.sqrt(3)) + math.sqrt(3) * t / (
+        3 + t * t)) / math.pi, rel=1e-3)
     assert 0.01 < s["p"] < 0.025  # t(3): 3.182 < 4.39 < 4.541
     assert s["time_s"] == pytest.approx(201.5)
     assert s["step_ms"] == pytest.approx(201_500 / 1390)
@@ -52,3 +76,58 @@ def test_only_the_final_validation_counts(tmp_path):
     assert final_result(tmp_path / "a.txt") == (3.2791, 204345.0, 1390)
     (tmp_path / "b.txt").write_text("step:125/1390 val_loss:4.3700 train_time:1ms step_avg:1ms\n")
     assert final_result(tmp_path / "b.txt") is None
+    assert val_curve(tmp_path / "b.txt") == dict(step=[125], train_time_ms=[1.0],
+                                                 val_loss=[4.37], steps=1390)
+
+
+def test_the_reference_is_the_record_log(capsys):
+    """The figures of the 2025-01-04 record, kept as data beside the tool."""
+    ref = load_reference()
+    assert json.loads(REFERENCE.read_text()) == ref
+    assert (ref["runs"], ref["mean"], ref["std"], ref["timed_steps"]) == (80, 3.2791, 0.0019, 1380)
+    assert ref["step"] == [0, *range(125, 1376, 125), 1390]
+    assert len(ref["train_time_ms"]) == len(ref["val_loss"]) == 13
+    assert (ref["train_time_ms"][-1], ref["val_loss"][0], ref["val_loss"][-1]) == (
+        204345, 10.8258, 3.2785)
+    assert np.all(np.diff(ref["train_time_ms"]) > 0) and np.all(np.diff(ref["val_loss"]) < 0)
+    main([])  # its time per step: 204,345 ms over the 1,380 steps its clock saw
+    assert re.search(r"^2025-01-04 record \(its log\) +80 +3\.2791 +0\.0019 +204\.3s +148\.08ms$",
+                     capsys.readouterr().out, re.MULTILINE)
+
+
+def colour_near(image, rgb, x, y, radius=2):
+    """Whether a pixel within `radius` of display point (x, y) has colour `rgb`."""
+    height = image.shape[0]
+    row, col = int(round(height - y)), int(round(x))
+    patch = image[row - radius:row + radius + 1, col - radius:col + radius + 1, :3]
+    return bool((np.abs(patch - rgb).max(axis=-1) < 0.02).any())
+
+
+def test_the_plot_draws_each_folder_in_its_colour(tmp_path):
+    """Each folder's val points lie where the axes put them, in the folder's colour, on both
+    panels; the reference's in black; and no other folder's colour appears."""
+    a, b, empty = tmp_path / "a", tmp_path / "b", tmp_path / "empty"
+    write_log(a, "run.txt", 3.40, 90_000, steps=600)
+    write_log(b, "run1.txt", 3.90, 30_000, steps=300)
+    write_log(b, "run2.txt", 4.10, 40_000, steps=300)
+    empty.mkdir()
+    reference = load_reference()
+    fig = plot([a, empty, b], tmp_path / "curves.png", reference)
+    image = matplotlib.image.imread(tmp_path / "curves.png")
+    assert image.shape[:2] == (500, 1200)
+    time_axes, step_axes = fig.axes
+    expected = [(matplotlib.colors.to_rgb("C0"), [(600, 3.40, 90)]),  # step 0: under the rest
+                (matplotlib.colors.to_rgb("C1"), [(300, 3.90, 30), (300, 4.10, 40)]),
+                ((0, 0, 0), list(zip(reference["step"], reference["val_loss"],
+                                     np.array(reference["train_time_ms"]) / 1e3)))]
+    for rgb, points in expected:
+        for step, loss, seconds in points:
+            assert colour_near(image, rgb, *time_axes.transData.transform((seconds, loss))), (
+                rgb, seconds, loss)
+            assert colour_near(image, rgb, *step_axes.transData.transform((step, loss))), (
+                rgb, step, loss)
+    # a third colour would mean a colour for the empty folder or one per log
+    c2 = np.abs(image[..., :3] - matplotlib.colors.to_rgb("C2")).max(axis=-1) < 0.02
+    assert not c2.any()
+    target = time_axes.transData.transform((150, 3.28))
+    assert colour_near(image, matplotlib.colors.to_rgb("0.5"), *target, radius=6)
