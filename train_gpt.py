@@ -876,18 +876,19 @@ def log_peak_memory(log, device):
 
 
 def warm_up(step_once, steps, log, show):
-    """Run the untimed steps that compile the kernels, and show them as they end (`show`: rank
-    0), as a bar on a terminal or a line each in a redirected output: with a cold compile cache
-    they take minutes, which a silent script cannot tell apart from a hang."""
+    """Run the untimed steps that compile the kernels, and show them on standard output as they
+    end (`show`: rank 0), as a bar on a terminal or a line each in a file: with a cold compile
+    cache they take minutes, which a silent script cannot tell apart from a hang."""
     if not steps:
         return
     started = time.perf_counter()
-    bar = tqdm(total=steps, desc="warm-up (compiling)", unit="step",
-               disable=not show or not sys.stderr.isatty())
+    terminal = show and sys.stdout.isatty()
+    bar = tqdm(total=steps, desc="warm-up (compiling)", unit="step", file=sys.stdout,
+               disable=not terminal)
     for step in range(steps):
         step_once(step).item()  # wait for the step, so that the time shown is its end
         bar.update()
-        if show and bar.disable:
+        if show and not terminal:
             print(f"warm-up step {step + 1}/{steps}: {time.perf_counter() - started:.1f}s",
                   flush=True)
     bar.close()

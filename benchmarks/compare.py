@@ -8,8 +8,9 @@ the same overrides (the arguments after `--`) and a --log_dir of its own under D
 through `torchrun --standalone --nproc_per_node=G`. From each run's log it reads the final
 step_avg, the mean time of a training step as the script itself measured it, and prints per
 script the mean and the spread (largest minus smallest) over its runs, then the ratio
-ATTEMPT / BASELINE of the means and whether their difference exceeds the larger spread. The
-same goes to DIR/compare.json. A run that fails stops the comparison, with its last lines.
+ATTEMPT / BASELINE of the means and whether their difference exceeds the larger spread (with
+--runs=1 there is no spread, and no verdict). The same goes to DIR/compare.json. A run that
+fails stops the comparison, with its last lines (before torchrun's own report).
 
 The whole script is timed, not a copy of its parts, because an attempt may change anything,
 the loop included. Alternating gives a slow drift of the machine (clocks, heat, neighbours)
@@ -19,7 +20,8 @@ to both scripts alike. A short run is enough to compare steps, e.g. on the synth
         --train_files='data/synthetic/synthetic_train_*.bin' \\
         --val_files='data/synthetic/synthetic_val_*.bin'
 
-Its step_avg compares only with runs of the same length: the attention window grows over a run.
+A step_avg compares only with runs of the same length, since the attention window grows with a
+run's progress: if the two scripts run different numbers of steps, a warning says so.
 """
 import argparse
 import json
@@ -29,16 +31,26 @@ import sys
 import time
 from pathlib import Path
 
-# The final step's line: step:N/N ... step_avg:12.34ms (a train line, then the val line).
-FINAL_STEP_AVG = re.compile(r"^step:(\d+)/\1 .*step_avg:([\d.]+)ms", re.MULTILINE)
+# The final step's lines: step:N/N ... step_avg:12.34ms (the train line, then the val line).
+FINAL_STEP = re.compile(r"^step:(\d+)/\1 .*step_avg:([\d.]+)ms", re.MULTILINE)
 
 
-def final_step_avg(log):
-    """The step_avg of the last step's last line in a train_gpt.py log, in ms."""
-    found = FINAL_STEP_AVG.findall(Path(log).read_text(errors="replace"))
+def final_step(log):
+    """(step_avg in ms, steps) from the last step's last line in a train_gpt.py log."""
+    found = FINAL_STEP.findall(Path(log).read_text(errors="replace"))
     if not found:
         raise SystemExit(f"{log} has no line of the last step with a step_avg: did the run end?")
-    return float(found[-1][1])
+    steps, step_avg = found[-1]
+    return float(step_avg), int(steps)
+
+
+def before_torchrun_report(text, n=20):
+    """The last n lines of a run's output before torchrun's own report of a failed worker (its
+    lines come from torch/distributed/elastic), which would otherwise hide the worker's error."""
+    lines = text.splitlines()
+    end = next((i for i, line in enumerate(lines) if "torch/distributed/elastic" in line),
+               len(lines))
+    return lines[max(0, end - n):end]
 
 
 def command(script, nproc, log_dir, overrides):
@@ -48,44 +60,49 @@ def command(script, nproc, log_dir, overrides):
 
 
 def run_once(script, nproc, log_dir, overrides):
-    """Run the script to its end and return its final step_avg; its output goes to log_dir."""
+    """Run the script to its end and return (its final step_avg, its steps); its output goes to
+    log_dir/output.txt."""
     log_dir.mkdir(parents=True)
     output = log_dir / "output.txt"
     with open(output, "w") as out:
         code = subprocess.run(command(script, nproc, log_dir, overrides), stdout=out,
                               stderr=subprocess.STDOUT).returncode
     if code:
-        tail = "\n".join(output.read_text(errors="replace").splitlines()[-20:])
-        raise SystemExit(f"{script} failed (exit status {code}) in {log_dir}; its last lines:\n"
-                         f"{tail}")
+        tail = "\n".join(before_torchrun_report(output.read_text(errors="replace")))
+        raise SystemExit(f"{script} failed (exit status {code}); all its output is in {output}, "
+                         f"its last lines:\n{tail}")
     logs = [path for path in log_dir.glob("*.txt") if path != output]
     if len(logs) != 1:
-        raise SystemExit(f"{script} left {len(logs)} log files in {log_dir}, not 1")
-    return final_step_avg(logs[0])
+        raise SystemExit(f"{script} left {len(logs)} log files in {log_dir}, not 1 (was it "
+                         f"given --log_dir?); its output is in {output}")
+    return final_step(logs[0])
 
 
-def summary(step_avgs):
-    return dict(step_avg_ms=step_avgs, mean_ms=sum(step_avgs) / len(step_avgs),
+def summary(step_avgs, steps):
+    return dict(step_avg_ms=step_avgs, steps=steps, mean_ms=sum(step_avgs) / len(step_avgs),
                 spread_ms=max(step_avgs) - min(step_avgs))
 
 
 def compare(baseline, attempt, runs, nproc, out, overrides):
     """Time both scripts `runs` times each, alternating, and return the comparison as a dict."""
     scripts = dict(baseline=baseline, attempt=attempt)
-    step_avgs = {label: [] for label in scripts}
+    step_avgs, steps = {label: [] for label in scripts}, {label: set() for label in scripts}
     for i in range(1, runs + 1):
         for label, script in scripts.items():
             started = time.perf_counter()
-            step_avgs[label].append(run_once(script, nproc, out / f"{label}_{i}", overrides))
-            print(f"{label} run {i}/{runs} ({script}): step_avg {step_avgs[label][-1]:.2f}ms, "
-                  f"{time.perf_counter() - started:.0f}s in all", flush=True)
-    result = dict(baseline=dict(script=str(baseline), **summary(step_avgs["baseline"])),
-                  attempt=dict(script=str(attempt), **summary(step_avgs["attempt"])),
-                  runs=runs, nproc_per_node=nproc, overrides=overrides)
+            step_avg, n = run_once(script, nproc, out / f"{label}_{i}", overrides)
+            step_avgs[label].append(step_avg)
+            steps[label].add(n)
+            print(f"{label} run {i}/{runs} ({script}): step_avg {step_avg:.2f}ms over {n} "
+                  f"steps, {time.perf_counter() - started:.0f}s in all", flush=True)
+    result = {label: dict(script=str(script), **summary(step_avgs[label], sorted(steps[label])))
+              for label, script in scripts.items()}
+    result.update(runs=runs, nproc_per_node=nproc, overrides=overrides)
     a, b = result["baseline"], result["attempt"]
     result["ratio"] = b["mean_ms"] / a["mean_ms"]
-    result["exceeds_spread"] = abs(b["mean_ms"] - a["mean_ms"]) > max(a["spread_ms"],
-                                                                      b["spread_ms"])
+    # one run each has no spread to measure a difference against
+    result["exceeds_spread"] = None if runs < 2 else bool(
+        abs(b["mean_ms"] - a["mean_ms"]) > max(a["spread_ms"], b["spread_ms"]))
     return result
 
 
@@ -96,9 +113,15 @@ def report(result):
               f"{r['spread_ms']:.2f}ms over {len(r['step_avg_ms'])} runs "
               f"({', '.join(f'{v:.2f}' for v in r['step_avg_ms'])})")
     a, b = result["baseline"], result["attempt"]
+    verdict = {None: "one run each: no spread to compare with (--runs=2 or more)",
+               True: "larger than the larger spread", False: "within the larger spread"}[
+        result["exceeds_spread"]]
+    spread = f", {max(a['spread_ms'], b['spread_ms']):.2f}ms" if result["runs"] > 1 else ""
     print(f"attempt / baseline: {result['ratio']:.4f} ({b['mean_ms'] - a['mean_ms']:+.2f}ms per "
-          f"step); " + ("larger than" if result["exceeds_spread"] else "within") +
-          f" the larger spread, {max(a['spread_ms'], b['spread_ms']):.2f}ms")
+          f"step); {verdict}{spread}")
+    if a["steps"] != b["steps"]:
+        print(f"warning: the runs took {a['steps']} and {b['steps']} steps; the attention window "
+              f"grows with a run's progress, so their step_avg differ by that too")
 
 
 def main(argv=None):
@@ -122,8 +145,8 @@ def main(argv=None):
     if any(o.startswith("--log_dir") for o in overrides):
         parser.error("each run gets a --log_dir of its own under --out; leave --log_dir out")
     out = args.out or Path("logs") / time.strftime("compare_%Y%m%d_%H%M%S")
-    if out.exists() and any(out.iterdir()):
-        parser.error(f"--out={out} is not empty; name a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        parser.error(f"--out={out} exists and is not an empty folder; name a new folder")
     result = compare(args.baseline, args.attempt, args.runs, args.nproc_per_node, out, overrides)
     report(result)
     (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 from scipy import stats
 
@@ -32,6 +33,8 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 TARGET = 3.28
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference_2025-01-04.json"
+# Matplotlib's ten colours but its grey, which is the target line's; then again, dashed.
+COLOURS = [f"C{i}" for i in range(10) if i != 7]
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:([\d.]+) train_time:(\d+)ms", re.MULTILINE)
 
 
@@ -83,19 +86,21 @@ def load_reference(path=REFERENCE):
 
 def plot(folders, path, reference):
     """Draw the val loss of every run in `folders` against train time and against step, and
-    save it as `path`: the i-th folder that has runs in matplotlib's colour C<i>, the reference
-    in black, the target as a grey dashed line."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    save it as `path`: the folders that have runs in COLOURS, in order, the reference in black,
+    the target as a grey dashed line."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True, layout="constrained")
     lines = dict(marker="o", markersize=4, linewidth=1.5)
     drawn = [(folder, curves) for folder in folders
              if (curves := [c for c in map(val_curve, run_logs(folder)) if c])]
     for i, (folder, curves) in enumerate(drawn):
+        style = dict(color=COLOURS[i % len(COLOURS)],
+                     linestyle=["-", "--", ":", "-."][i // len(COLOURS) % 4], **lines)
         for j, curve in enumerate(curves):
             label = (f"{Path(folder).name} ({len(curves)} run{'s' * (len(curves) > 1)})"
                      if j == 0 else None)
-            axes[0].plot(np.array(curve["train_time_ms"]) / 1e3, curve["val_loss"], color=f"C{i}",
-                         label=label, **lines)
-            axes[1].plot(curve["step"], curve["val_loss"], color=f"C{i}", **lines)
+            axes[0].plot(np.array(curve["train_time_ms"]) / 1e3, curve["val_loss"], label=label,
+                         **style)
+            axes[1].plot(curve["step"], curve["val_loss"], **style)
     axes[0].plot(np.array(reference["train_time_ms"]) / 1e3, reference["val_loss"], color="black",
                  label=f"{reference['name']} (its clock from step 11)", **lines)
     axes[1].plot(reference["step"], reference["val_loss"], color="black", **lines)
@@ -107,8 +112,7 @@ def plot(folders, path, reference):
         ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(True, which="both", color="0.9")
     axes[0].set_ylabel("val loss")
-    fig.legend(loc="lower center", ncol=3, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below the axes
+    fig.legend(loc="outside lower center", ncol=3, frameon=False)  # the axes make room for it
     fig.savefig(path)
     return fig
 

@@ -25,7 +25,7 @@ if os.environ.get("RANK", "0") == "0":
     (log_dir / "0f1e.txt").write_text(
         "step:0/5 val_loss:10.8258 train_time:0ms\\n"
         f"step:4/5 train_time:1ms step_avg:999.00ms train_loss:3.1\\n"
-        f"step:5/5 train_time:{5 * ms:.0f}ms step_avg:{ms + 0.004:.2f}ms train_loss:3.0\\n"
+        f"step:5/5 train_time:{5 * ms:.0f}ms step_avg:{ms + 0.4:.2f}ms train_loss:3.0\\n"
         f"step:5/5 val_loss:3.2000 train_time:{5 * ms:.0f}ms step_avg:{ms:.2f}ms\\n")
 """
 
@@ -48,15 +48,15 @@ def test_alternating_runs_compared_by_hand(tmp_path, capsys):
         f"{name} 1 --num_iterations=5 --val_every=0" for name in "ababab"]
     # by hand: means 102 and 91, spreads 4 and 2, 91 / 102 = 0.89216, 11 ms > 4 ms
     assert result["baseline"] == dict(script=str(a), step_avg_ms=[100.0, 104.0, 102.0],
-                                      mean_ms=102.0, spread_ms=4.0)
-    assert result["attempt"] == dict(script=str(b), step_avg_ms=[90.0, 91.0, 92.0],
+                                      steps=[5], mean_ms=102.0, spread_ms=4.0)
+    assert result["attempt"] == dict(script=str(b), step_avg_ms=[90.0, 91.0, 92.0], steps=[5],
                                      mean_ms=91.0, spread_ms=2.0)
     assert result["ratio"] == pytest.approx(0.892157, abs=1e-6)
     assert result["exceeds_spread"] is True
     assert json.loads((out / "compare.json").read_text()) == result
     text = capsys.readouterr().out
     assert "attempt / baseline: 0.8922 (-11.00ms per step); larger than the larger spread, " \
-           "4.00ms" in text
+           "4.00ms" in text and "warning" not in text
     assert "baseline" in text and "step_avg 102.00ms, spread 4.00ms over 3 runs" in text
 
 
@@ -68,21 +68,38 @@ def test_a_difference_within_the_spread_is_said_to_be(tmp_path, capsys):
     assert "(-1.00ms per step); within the larger spread, 10.00ms" in capsys.readouterr().out
 
 
-def test_a_failed_run_stops_with_its_last_lines(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_failed_run_stops_with_its_last_lines(nproc, tmp_path):
+    """Under torchrun, the lines shown are the worker's, not torchrun's report after them."""
     a = stand_in(tmp_path, "a", [100.0])
     b = stand_in(tmp_path, "b", [], fail=True)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match=r"b\.py failed \(exit status 3\) in \S+attempt_1; its "
-                       r"last lines:\nTraceback \(most recent call last\):\nboom$"):
-        compare.main([str(a), str(b), "--runs=2", f"--out={out}"])
-    assert (out / "order.txt").read_text().split() == ["a", "1"]  # nothing ran after it
+    with pytest.raises(SystemExit) as stopped:
+        compare.main([str(a), str(b), "--runs=2", f"--nproc_per_node={nproc}", f"--out={out}"])
+    message = str(stopped.value)
+    assert message.startswith(f"{b} failed (exit status {3 if nproc == 1 else 1}); all its output "
+                              f"is in {out / 'attempt_1' / 'output.txt'}, its last lines:\n")
+    assert message.endswith("\nboom") and "elastic" not in message and "FAILED" not in message
+    assert (out / "order.txt").read_text().split() == ["a", str(nproc)]  # nothing ran after it
+
+
+def test_one_run_each_gives_no_verdict_and_unequal_lengths_a_warning(tmp_path, capsys):
+    a, b = stand_in(tmp_path, "a", [100.0]), stand_in(tmp_path, "b", [100.5])
+    b.write_text(b.read_text().replace("step:5/5", "step:6/6"))
+    result = compare.main([str(a), str(b), "--runs=1", f"--out={tmp_path / 'out'}"])
+    assert result["exceeds_spread"] is None
+    assert (result["baseline"]["steps"], result["attempt"]["steps"]) == ([5], [6])
+    text = capsys.readouterr().out
+    assert "(+0.50ms per step); one run each: no spread to compare with (--runs=2 or more)\n" in text
+    assert "warning: the runs took [5] and [6] steps" in text
 
 
 @pytest.mark.parametrize("argv, message", [
     (["missing.py", "{a}"], "missing.py: no such file"),
     (["{a}", "{a}", "--runs=0"], "--runs=0 and --nproc_per_node=1 must be 1 or more"),
     (["{a}", "{a}", "--", "--log_dir=x"], "leave --log_dir out"),
-    (["{a}", "{a}", "--out={tmp}"], "is not empty; name a new folder"),
+    (["{a}", "{a}", "--out={tmp}"], "exists and is not an empty folder; name a new folder"),
+    (["{a}", "{a}", "--out={a}"], "exists and is not an empty folder; name a new folder"),
 ])
 def test_bad_arguments_are_refused(argv, message, tmp_path, capsys):
     a = stand_in(tmp_path, "a", [1.0])
