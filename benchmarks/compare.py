@@ -100,9 +100,10 @@ def compare(baseline, attempt, runs, nproc, out, overrides):
     result.update(runs=runs, nproc_per_node=nproc, overrides=overrides)
     a, b = result["baseline"], result["attempt"]
     result["ratio"] = b["mean_ms"] / a["mean_ms"]
+    result["larger_spread_ms"] = max(a["spread_ms"], b["spread_ms"])
     # one run each has no spread to measure a difference against
     result["exceeds_spread"] = None if runs < 2 else bool(
-        abs(b["mean_ms"] - a["mean_ms"]) > max(a["spread_ms"], b["spread_ms"]))
+        abs(b["mean_ms"] - a["mean_ms"]) > result["larger_spread_ms"])
     return result
 
 
@@ -116,7 +117,7 @@ def report(result):
     verdict = {None: "one run each: no spread to compare with (--runs=2 or more)",
                True: "larger than the larger spread", False: "within the larger spread"}[
         result["exceeds_spread"]]
-    spread = f", {max(a['spread_ms'], b['spread_ms']):.2f}ms" if result["runs"] > 1 else ""
+    spread = f", {result['larger_spread_ms']:.2f}ms" if result["runs"] > 1 else ""
     print(f"attempt / baseline: {result['ratio']:.4f} ({b['mean_ms'] - a['mean_ms']:+.2f}ms per "
           f"step); {verdict}{spread}")
     if a["steps"] != b["steps"]:
