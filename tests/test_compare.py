@@ -30,10 +30,19 @@ if os.environ.get("RANK", "0") == "0":
 """
 
 
+# A stand-in that fails on its last rank alone, as a crash would; one write, so that nothing
+# from another process can land inside its lines.
+FAILING = """import os, sys
+if int(os.environ.get("RANK", 0)) == int(os.environ.get("WORLD_SIZE", 1)) - 1:
+    sys.stderr.write("Traceback (most recent call last):\\nboom\\n")
+    sys.exit(3)
+"""
+
+
 def stand_in(folder, name, step_avgs, fail=False):
     path = folder / f"{name}.py"
     path.write_text(f"NAME, STEP_AVGS = {name!r}, {step_avgs!r}\n" + (
-        "import sys\nprint('Traceback (most recent call last):\\nboom')\nsys.exit(3)\n"
+        FAILING
         if fail else STAND_IN))
     return path
 
@@ -79,7 +88,8 @@ def test_a_failed_run_stops_with_its_last_lines(nproc, tmp_path):
     message = str(stopped.value)
     assert message.startswith(f"{b} failed (exit status {3 if nproc == 1 else 1}); all its output "
                               f"is in {out / 'attempt_1' / 'output.txt'}, its last lines:\n")
-    assert message.endswith("\nboom") and "elastic" not in message and "FAILED" not in message
+    assert message.endswith("\nTraceback (most recent call last):\nboom")
+    assert "elastic" not in message and "FAILED" not in message
     assert (out / "order.txt").read_text().split() == ["a", str(nproc)]  # nothing ran after it
 
 
