@@ -398,18 +398,24 @@ class GPT(nn.Module):
         check_heads(model_dim, num_heads)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         padded_vocab = -(-vocab_size // 128) * 128  # aligned matrices run faster
+        # Every parameter must take part in the loss: DDP stops at the second step when one has
+        # no gradient. So a value table exists only if one of its layers has attention, and the
+        # skip weights only if there is a decoder layer to take them.
+        attention = [i not in no_attention_layers for i in range(num_layers)]
         num_ve = min(3, num_layers // 2)  # value tables, each feeding an early and a late layer
-        # the table of each layer; 12 layers: [0, 1, 2, None, None, None, None, None, None, 0, 1, 2]
-        self.ve_index = [*range(num_ve), *[None] * (num_layers - 2 * num_ve), *range(num_ve)]
+        # 12 layers: tables [0, 1, 2, None, None, None, None, None, None, 0, 1, 2] by layer
+        pattern = [*range(num_ve), *[None] * (num_layers - 2 * num_ve), *range(num_ve)]
+        fed = [table if has_attention else None for table, has_attention in zip(pattern, attention)]
+        tables = sorted(set(fed) - {None})
+        self.ve_index = [None if table is None else tables.index(table) for table in fed]
         self.embed = nn.Embedding(padded_vocab, model_dim)
-        self.value_embeds = nn.ModuleList([nn.Embedding(padded_vocab, model_dim)
-                                           for _ in range(num_ve)])
+        self.value_embeds = nn.ModuleList([nn.Embedding(padded_vocab, model_dim) for _ in tables])
         rotary = Rotary(model_dim // num_heads, max_seq_len)
-        self.blocks = nn.ModuleList([
-            Block(model_dim, num_heads, rotary, has_attention=i not in no_attention_layers)
-            for i in range(num_layers)])
+        self.blocks = nn.ModuleList([Block(model_dim, num_heads, rotary, has_attention)
+                                     for has_attention in attention])
         self.num_encoder_layers = num_layers // 2
-        self.skip_weights = nn.Parameter(torch.ones(self.num_encoder_layers))
+        self.skip_weights = (nn.Parameter(torch.ones(self.num_encoder_layers))
+                             if self.num_encoder_layers else None)
         self.lm_head = CastedLinear(model_dim, padded_vocab, zero_init=True)
         for table in [self.embed, *self.value_embeds]:  # initialised in fp32, then cast in place:
             table.to(embed_dtype)  # with bf16 tables the whole residual stream runs in bf16
@@ -420,7 +426,7 @@ class GPT(nn.Module):
         make_mask = build_block_mask if inputs.is_cuda else dense_attention_mask
         mask = make_mask(inputs, window_blocks)
         x = x0 = norm(self.embed(inputs)[None])
-        tables = [table(inputs) for table in self.value_embeds]  # once each, shared by 2 layers
+        tables = [table(inputs) for table in self.value_embeds]  # once each, shared by its layers
         ve = [None if i is None else tables[i] for i in self.ve_index]
         skips = []
         for i, block in enumerate(self.blocks):

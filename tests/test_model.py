@@ -242,10 +242,26 @@ def test_embeddings_in_bf16_keep_the_stream_in_bf16():
     assert seen == [torch.bfloat16] * 4 and loss.dtype == torch.float32
 
 
-def test_every_parameter_gets_a_finite_gradient():
+N = None
+LAYOUTS = [  # (layers, layers without attention, the value table of each layer)
+    (12, (7,), [0, 1, 2, N, N, N, N, N, N, 0, 1, 2]),  # the reference
+    (12, (0, 9), [N, 0, 1, N, N, N, N, N, N, N, 0, 1]),  # the first table's layers have none
+    (5, (1,), [0, N, N, 0, 1]),  # the second table feeds one layer
+    (2, (0, 1), [N, N]),  # no attention at all
+    (1, (), [N]),  # and no decoder layer, so no skip weight
+]
+
+
+@pytest.mark.parametrize("num_layers, no_attention_layers, tables", LAYOUTS,
+                         ids=[f"{n}-layers-without-{a}" for n, a, _ in LAYOUTS])
+def test_every_parameter_gets_a_finite_gradient(num_layers, no_attention_layers, tables):
+    """DDP stops at the second step when a parameter has no gradient, so the model holds only
+    what its layers use."""
     torch.manual_seed(0)
-    model = perturbed(GPT(vocab_size=50257, num_layers=12, num_heads=2, model_dim=64,
-                          max_seq_len=512))
+    model = perturbed(GPT(vocab_size=50257, num_layers=num_layers, num_heads=2, model_dim=64,
+                          max_seq_len=512, no_attention_layers=no_attention_layers))
+    assert model.ve_index == tables and len(model.value_embeds) == len(set(tables) - {N})
+    assert (model.skip_weights is None) == (num_layers == 1)
     tokens = torch.randint(0, 50257, (257,))
     tokens[[0, 100, 200]] = EOT
     model(tokens[:-1], tokens[1:], torch.tensor(2)).backward()

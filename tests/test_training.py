@@ -278,6 +278,18 @@ def test_one_and_two_processes_train_the_same_with_or_without_warm_up(tmp_path):
     assert one[4] < one[0] - 0.5  # and it trained
 
 
+@pytest.mark.parametrize("layout", [["--num_layers=12", "--no_attention_layers=0,9"],
+                                    ["--num_layers=1"], ["--no_attention_layers=0,1"]],
+                         ids=["a-table-without-attention", "one-layer", "no-attention"])
+def test_models_with_fewer_parts_train_on_two_ranks_as_on_one(layout, tmp_path):
+    """DDP stops at the second step if a parameter has no gradient: here a value table whose
+    two layers have no attention, skip weights without a decoder layer, or both."""
+    argv = TINY + layout + ["--num_iterations=3", "--val_every=3"]
+    one, two = main(argv + [f"--log_dir={tmp_path}"]), launch(tmp_path, "train", 2, argv)
+    assert list(one) == [0, 3] and one == pytest.approx(two, rel=1e-6, abs=0)
+    assert one[3] < one[0] - 0.1  # and it trained
+
+
 def test_gradients_are_averaged_over_sequences_and_ranks(tmp_path):
     """Adam and Muon barely notice a scaled gradient, so compare the gradients themselves."""
     one, two = launch(tmp_path, "grads", 1, TINY), launch(tmp_path, "grads", 2, TINY)
