@@ -4,11 +4,14 @@
     python records/summarize.py records/FOLDER ...       # some folders
     python records/summarize.py --plot curves.png [...]  # and draw them
 
-For each folder it reads the log files in it (*.txt, as train_gpt.py writes them) and prints the
-number of finished runs, the mean and standard deviation of the final validation loss, the
-p-value of a one-sided one-sample t-test of "mean < 3.28", the mean training time and the mean
-time per step. A result claims the target only with p < 0.01. The 2025-01-04 record's figures,
-from reference_2025-01-04.json beside this file, come last, for comparison.
+For each folder it reads the run logs in it (the *.txt files that train_gpt.py wrote; other text
+files are not runs) and prints the number of finished runs, the mean and standard deviation of
+their final validation loss, the p-value of a one-sided one-sample t-test of "mean < 3.28", the
+mean training time and the mean time per step. A result claims the target only with p < 0.01.
+These statistics cover the finished runs alone: a log without its final validation (a run that
+diverged, crashed or was killed) is counted and named under its folder, and left out of them,
+which favours the runs that survived. The 2025-01-04 record's figures, from
+reference_2025-01-04.json beside this file, come last, for comparison.
 
 Compare the time per step with the record's: its clock left out its first 10 steps (148.08 ms =
 204,345 ms / 1,380 steps), train_gpt.py's counts all of them.
@@ -36,6 +39,8 @@ REFERENCE = HERE / "reference_2025-01-04.json"
 # Matplotlib's ten colours but its grey, which is the target line's; then again, dashed.
 COLOURS = [f"C{i}" for i in range(10) if i != 7]
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:([\d.]+) train_time:(\d+)ms", re.MULTILINE)
+# A run's log has train_gpt.py's header line or the record format's step lines.
+RUN_LINE = re.compile(r"^(hyperparameters: |step:\d+/\d+ )", re.MULTILINE)
 
 
 def val_curve(path):
@@ -58,7 +63,9 @@ def final_result(path):
 
 
 def run_logs(folder):
-    return sorted(Path(folder).glob("*.txt"))
+    """The logs of runs in `folder`, finished or not (a test's output, say, is not one)."""
+    return sorted(path for path in Path(folder).glob("*.txt")
+                  if RUN_LINE.search(path.read_text(errors="replace")))
 
 
 def p_below_target(losses):
@@ -69,15 +76,22 @@ def p_below_target(losses):
 
 
 def summarize(folder):
-    """Per-folder numbers as a dict, or None when the folder holds no finished run."""
-    results = [r for r in map(final_result, run_logs(folder)) if r]
-    if not results:
+    """Per-folder numbers as a dict: over the finished runs, and the names of the logs of runs
+    that did not finish; None when the folder holds no run log."""
+    logs = run_logs(folder)
+    if not logs:
         return None
+    results = {path.name: final_result(path) for path in logs}
+    unfinished = [name for name, result in results.items() if result is None]
+    results = [result for result in results.values() if result]
     losses = np.array([loss for loss, _, _ in results])
-    return dict(folder=str(folder), runs=len(losses), mean=losses.mean(),
-                std=losses.std(ddof=1) if len(losses) > 1 else float("nan"),
-                p=p_below_target(losses), time_s=np.mean([ms for _, ms, _ in results]) / 1e3,
-                step_ms=np.mean([ms / steps for _, ms, steps in results]))
+    nan = float("nan")
+    return dict(folder=str(folder), runs=len(losses), unfinished=unfinished,
+                mean=losses.mean() if results else nan,
+                std=losses.std(ddof=1) if len(losses) > 1 else nan,
+                p=p_below_target(losses),
+                time_s=np.mean([ms for _, ms, _ in results]) / 1e3 if results else nan,
+                step_ms=np.mean([ms / steps for _, ms, steps in results]) if results else nan)
 
 
 def load_reference(path=REFERENCE):
@@ -124,16 +138,24 @@ def main(argv=None):
     args = parser.parse_args(argv)
     folders = args.folders or sorted(p for p in HERE.iterdir() if p.is_dir())
     reference = load_reference()
+    print("Over the finished runs of each folder; logs of runs that did not finish are named "
+          "below it and left out.")
     print(f"{'folder':<40} {'runs':>4} {'mean val':>9} {'std':>7} {'p(<3.28)':>9} "
           f"{'train time':>11} {'per step':>9}  target")
     for folder in folders:
         s = summarize(folder)
         if s is None:
-            print(f"{folder.name:<40} no finished runs")
+            print(f"{folder.name:<40} no run logs")
             continue
-        verdict = "met" if s["p"] < 0.01 else "not shown"
-        print(f"{Path(s['folder']).name:<40} {s['runs']:>4} {s['mean']:>9.4f} {s['std']:>7.4f} "
-              f"{s['p']:>9.2g} {s['time_s']:>10.1f}s {s['step_ms']:>7.2f}ms  {verdict}")
+        if s["runs"]:
+            verdict = "met" if s["p"] < 0.01 else "not shown"
+            print(f"{folder.name:<40} {s['runs']:>4} {s['mean']:>9.4f} {s['std']:>7.4f} "
+                  f"{s['p']:>9.2g} {s['time_s']:>10.1f}s {s['step_ms']:>7.2f}ms  {verdict}")
+        else:
+            print(f"{folder.name:<40} {0:>4}  no finished runs")
+        if s["unfinished"]:
+            print(f"  {len(s['unfinished'])} of {s['runs'] + len(s['unfinished'])} runs did "
+                  f"not finish, left out: {', '.join(s['unfinished'])}")
     ms = reference["train_time_ms"][-1]
     print(f"{reference['name'] + ' (its log)':<40} {reference['runs']:>4} "
           f"{reference['mean']:>9.4f} {reference['std']:>7.4f} {'':>9} {ms / 1e3:>10.1f}s "

@@ -66,8 +66,40 @@ def test_summary_of_a_folder(tmp_path, capsys):
     assert 0.01 < s["p"] < 0.025  # t(3): 3.182 < 4.39 < 4.541
     assert s["time_s"] == pytest.approx(201.5)
     assert s["step_ms"] == pytest.approx(201_500 / 1390)
+    assert s["unfinished"] == ["unfinished.txt"]
     main([str(tmp_path)])
     assert "not shown" in capsys.readouterr().out  # p >= 0.01: no claim
+
+
+def test_runs_that_did_not_finish_are_named_and_left_out(tmp_path, capsys):
+    """A run stopped by a NaN (validations, but not the last) and one killed while compiling
+    (the header alone) are counted and named; a text file that is no run log is not a run."""
+    write_log(tmp_path / "a", "done1.txt", 3.2700, 200_000)
+    write_log(tmp_path / "a", "done2.txt", 3.2800, 202_000)
+    (tmp_path / "a" / "nan.txt").write_text("step:0/1390 val_loss:10.8258 train_time:0ms\n"
+                                            "step:125/1390 val_loss:4.3700 train_time:1ms\n"
+                                            "step:300/1390 the training loss is nan\n")
+    (tmp_path / "a" / "killed.txt").write_text("print('source')\nhyperparameters: {'seed': 0}\n")
+    (tmp_path / "a" / "test_output.txt").write_text("12 passed in 3.2s\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "nan.txt").write_text("step:0/1390 val_loss:10.8258 train_time:0ms\n")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "notes.txt").write_text("not a run\n")
+    s = summarize(tmp_path / "a")
+    assert (s["runs"], s["unfinished"]) == (2, ["killed.txt", "nan.txt"])
+    assert s["mean"] == pytest.approx(3.275) and s["time_s"] == pytest.approx(201)
+    assert summarize(tmp_path / "c") is None
+    main([str(tmp_path / name) for name in "abc"])
+    out = capsys.readouterr().out
+    assert out.startswith("Over the finished runs of each folder; logs of runs that did not "
+                          "finish are named below it and left out.\n")
+    lines = out.splitlines()
+    a = lines.index(next(line for line in lines if line.startswith("a ")))
+    assert re.fullmatch(r"a +2 +3\.2750 +0\.0071 +\S+ +201\.0s +144\.60ms  not shown", lines[a])
+    assert lines[a + 1] == "  2 of 4 runs did not finish, left out: killed.txt, nan.txt"
+    assert re.fullmatch(r"b +0  no finished runs", lines[a + 2])
+    assert lines[a + 3] == "  1 of 1 runs did not finish, left out: nan.txt"
+    assert re.fullmatch(r"c +no run logs", lines[a + 4])
 
 
 def test_only_the_final_validation_counts(tmp_path):
