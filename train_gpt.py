@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import typing
 import uuid
@@ -634,7 +635,7 @@ def train(args, rank, world_size, device):
     del resume  # copied into the model and optimizers: free its copy in host memory
 
     val_losses = {}
-    with stop_requests() as signals:  # Ctrl-C and SIGTERM, shared with the other ranks
+    with stop_requests(show=rank == 0) as signals:  # shared with the other ranks
         for step in range(run.first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
             validate = last or (args.val_every and step % args.val_every == 0)
@@ -1068,17 +1069,40 @@ class LongRun:
 
 
 @contextlib.contextmanager
-def stop_requests():
-    """Within it, Ctrl-C and SIGTERM end nothing by themselves: they are noted in the list it
-    yields, which the loop shares with the other ranks, so that all stop after the same step."""
-    signals = []
+def stop_requests(show):
+    """Within it, a first Ctrl-C or SIGTERM ends nothing by itself: it is noted in the list it
+    yields, which the loop shares with the other ranks, so that all stop after the same step.
+    A second one ends the process at once.
+
+    Python runs a signal handler only between bytecodes of the main thread, which can wait for
+    a long time in a compile or for good in a hung collective. So a thread watches too: the
+    interpreter writes each signal's number to a pipe the moment it arrives, and the thread
+    says what the first one does (`show`: rank 0) and ends the process on the second."""
+    signals, stops = [], (signal.SIGINT, signal.SIGTERM)
+    watched, wakeup = os.pipe()
+    os.set_blocking(wakeup, False)  # as set_wakeup_fd requires
+
+    def watch():
+        seen = 0
+        while received := os.read(watched, 1):  # empty once the pipe is closed
+            seen += received[0] in stops
+            if seen == 1 and show:
+                os.write(2, b"stopping after this step; Ctrl-C again to quit now\n")
+            if seen == 2:
+                os._exit(128 + received[0])  # as if killed by it: no clean-up to wait for
+        os.close(watched)
+
     previous = {sig: signal.signal(sig, lambda signum, frame: signals.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+                for sig in stops}
+    previous_wakeup = signal.set_wakeup_fd(wakeup)
+    threading.Thread(target=watch, daemon=True).start()
     try:
         yield signals
     finally:
+        signal.set_wakeup_fd(previous_wakeup)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        os.close(wakeup)
 
 
 def make_run_id():

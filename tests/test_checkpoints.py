@@ -1,6 +1,10 @@
 """Training section, checkpoints: exact resume (1 and 2 ranks, after a torchrun restart, after
-Ctrl-C or SIGTERM), atomic writes and rotation, refused checkpoints, non-finite losses."""
+Ctrl-C or SIGTERM), a second Ctrl-C that ends a blocked run, atomic writes and rotation, refused
+checkpoints, non-finite losses."""
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -151,6 +155,50 @@ def test_a_signal_to_one_rank_stops_every_rank(tmp_path):
     assert lines[-1].startswith("interrupted at step 6; continue with --resume=")
     assert result.stderr.count("interrupted at step 6") == 2  # each rank's exit message
     assert torch.load(checkpoint(tmp_path, 6), weights_only=True)["step"] == 6
+
+
+def wait_for(path, text, seconds):
+    """Whether `text` appears in the file `path` within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while text not in path.read_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_second_ctrl_c_ends_a_blocked_run_at_once(nproc, tmp_path):
+    """The last rank blocks in step 3; with two ranks, rank 0 waits for it inside a collective,
+    where Python runs no signal handler. The first Ctrl-C says what it does; the second ends
+    the run, where torchrun alone would wait 30 s before killing its workers."""
+    launcher = [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as err:
+        run = subprocess.Popen(launcher + [WORKER, "hang:3", str(tmp_path), *SIX,
+                                           f"--log_dir={tmp_path}"],
+                               stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        assert wait_for(stderr, "blocked", 120), stderr.read_text()[-3000:]
+        time.sleep(1)  # rank 0 reaches the collective
+        run.send_signal(signal.SIGINT)
+        message = "stopping after this step; Ctrl-C again to quit now\n"
+        assert wait_for(stderr, message, 10), stderr.read_text()[-3000:]
+        time.sleep(1)
+        assert run.poll() is None  # the first one ends nothing
+        run.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        code = run.wait(timeout=60)
+        assert time.monotonic() - started < 10
+    finally:  # torchrun's workers run in sessions of their own: end them too if it failed
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                if str(tmp_path).encode() in cmdline.read_bytes():
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+    assert stderr.read_text().count(message) == 1  # rank 0 alone says it
+    if nproc == 1:
+        assert code == 128 + signal.SIGINT
 
 
 def test_a_failed_write_stops_every_rank(tmp_path):

@@ -11,6 +11,9 @@
                                          and waits until torchrun has passed it on to rank 0
     training_worker.py diskfull:K OUT [...] train, but rank 0 cannot write the K-th checkpoint
                                          or any after it
+    training_worker.py hang:K OUT [...]  train, but the last rank says "blocked" on standard
+                                         error and waits for good in step K (on several ranks
+                                         the others then wait in a collective)
 
 A run that stops on an error writes it to OUT/stopped_rank<r>.txt on each rank; an interrupted
 run prints its message and exits with 1. Rank 0 writes OUT/result.pt.
@@ -18,6 +21,7 @@ run prints its message and exits with 1. Rank 0 writes OUT/result.pt.
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,13 +52,16 @@ def gradients(argv):
 
 
 def break_step(mode, call):
-    """Wrap train_step so that on the last rank its `call`-th call dies, returns NaN or gets a
-    signal (rank 0 for torchrun_sigterm)."""
+    """Wrap train_step so that on the last rank its `call`-th call dies, returns NaN, gets a
+    signal (rank 0 for torchrun_sigterm) or never returns."""
     original, calls = train_gpt.train_step, []
     last_rank = int(os.environ.get("RANK", 0)) == int(os.environ.get("WORLD_SIZE", 1)) - 1
 
     def train_step(*args):
         calls.append(None)
+        if len(calls) == call and mode == "hang" and last_rank:
+            print("blocked", file=sys.stderr, flush=True)
+            threading.Event().wait()
         loss = original(*args)
         if len(calls) == call and mode == "torchrun_sigterm" and os.environ["RANK"] == "0":
             sigterm_through_torchrun()
