@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The speedrun. On a machine with NVIDIA GPUs: fetch the 8 FineWeb shards if missing, then train
-# on every GPU (NPROC_PER_NODE to use fewer). Without a usable GPU: the CPU smoke run instead.
+# The speedrun. On a machine with NVIDIA GPUs: fetch the FineWeb shards the run reads if missing
+# (the reference run's 8; none for data elsewhere), then train on every GPU (NPROC_PER_NODE to
+# use fewer). Without a usable GPU: the CPU smoke run instead.
 # Extra arguments pass through to train_gpt.py, e.g. ./run.sh --num_iterations=100
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,5 +18,5 @@ if [ "$gpus" = 0 ]; then
     export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
     exec python train_gpt.py --preset=smoke "$@"
 fi
-python data/cached_fineweb10B.py 8
+python data/cached_fineweb10B.py --for_run "$@"  # the shards this run reads, if missing
 exec torchrun --standalone --nproc_per_node="${NPROC_PER_NODE:-$gpus}" train_gpt.py "$@"

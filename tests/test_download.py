@@ -1,4 +1,5 @@
-"""data/cached_fineweb10B.py, run as a user runs it, against a hub served on 127.0.0.1."""
+"""data/cached_fineweb10B.py, run as a user runs it, against a hub served on 127.0.0.1, and
+what run.sh has it download for a run."""
 import os
 import subprocess
 import sys
@@ -7,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import train_gpt
 from hub_standin import HubStandIn
 from train_gpt import write_shard
 
@@ -96,3 +98,73 @@ def test_unreachable_hub_is_a_readable_error(tmp_path):
 def test_negative_shard_count_is_refused(tmp_path):
     result = download(tmp_path, "http://127.0.0.1:9", "-1")
     assert result.returncode == 2 and "must be 0 or more" in result.stderr
+
+
+# ----------------------------------------------------------------------------- what a run reads
+
+sys.path.insert(0, str(SCRIPT.parent))
+import cached_fineweb10B  # noqa: E402
+
+ROOT = SCRIPT.parent.parent
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], (True, 8)),  # 1390 steps of 524,288 tokens: 190 a shard (by hand: 1e8 - 2 // 524,288)
+    (["--num_iterations=190"], (True, 1)),
+    (["--num_iterations=191"], (True, 2)),
+    (["--batch_size=65536"], (True, 1)),  # 1390 x 65,536 = 91M tokens
+    (["--train_files=data/synthetic/synthetic_train_*.bin"], (True, 0)),
+    (["--val_files=data/synthetic/synthetic_val_*.bin", "--num_iterations=400"], (False, 3)),
+    (["--preset=smoke"], (False, 0)),  # the embedded sample
+])
+def test_a_run_needs_the_shards_it_reads(argv, expected, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the patterns are relative, as run.sh runs them
+    assert cached_fineweb10B.shards_for_run(argv) == expected
+
+
+@pytest.mark.parametrize("shard_tokens, batch_size", [(1000, 64), (1026, 128), (1025, 128)])
+def test_the_shard_count_agrees_with_the_loader(shard_tokens, batch_size, tmp_path, monkeypatch):
+    """How many batches the loader takes from a shard before it moves to the next one."""
+    for i in range(1, 7):  # more than 30 batches take: no wrapping around
+        write_shard(tmp_path / f"fineweb_train_{i:06d}.bin", [i] * shard_tokens)
+    loader = train_gpt.DistributedDataLoader(str(tmp_path / "fineweb_train_*.bin"), 0, 1)
+    shards_read = [int(loader.next_batch(batch_size)[0][0]) for _ in range(30)]
+    monkeypatch.setattr(cached_fineweb10B, "SHARD_TOKENS", shard_tokens)
+    pattern = f"--train_files={tmp_path}/fineweb_train_*.bin"
+    for steps in range(1, 30):
+        _, needed = cached_fineweb10B.shards_for_run(
+            [pattern, f"--batch_size={batch_size}", f"--num_iterations={steps}"], tmp_path)
+        assert needed == max(shards_read[:steps]), steps
+
+
+def test_for_run_fetches_only_what_the_run_reads(tmp_path, served):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    with HubStandIn(REPO_ID, served) as hub:
+        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+        result = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(out), "--for_run",
+                                 f"--train_files={out}/fineweb_train_*.bin", "--num_iterations=3"],
+                                env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert hub.gets == ["fineweb_train_000001.bin"]  # its val files are the default's, elsewhere
+
+
+def test_run_sh_trains_offline_on_data_elsewhere(tmp_path):
+    """./run.sh on a machine with GPUs (a stand-in python says 8, a stand-in torchrun records its
+    arguments), with no network: shards elsewhere need no download."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\nif [ "$1" = -c ]; then echo 8; exit 0; fi\nexec {sys.executable} "$@"\n')
+    (bin_dir / "torchrun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/torchrun_args\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    data = [f"--train_files={tmp_path}/train_*.bin", f"--val_files={tmp_path}/val_*.bin"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", HF_HUB_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf_home"))
+    result = subprocess.run(["bash", str(ROOT / "run.sh"), *data, "--num_iterations=5"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "torchrun_args").read_text().split() == [
+        "--standalone", "--nproc_per_node=8", "train_gpt.py", *data, "--num_iterations=5"]
