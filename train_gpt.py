@@ -11,6 +11,7 @@ import dataclasses
 import glob
 import math
 import os
+import pickle
 import platform
 import re
 import resource
@@ -22,6 +23,7 @@ import threading
 import time
 import typing
 import uuid
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -1181,10 +1183,18 @@ def load_checkpoint(path, args, world_size):
     """Read a checkpoint, refusing one from another configuration with the differing fields."""
     if not os.path.isfile(path):
         raise UserError(f"--resume={path}: no such file")
-    try:  # whatever torch.load cannot read as plain tensors and containers is no checkpoint
+    # torch.save writes a zip archive whose directory comes last, so a cut or foreign file
+    # fails here; any other error (an I/O error, memory) is not the file's, and keeps its trace
+    try:
+        zipfile.ZipFile(path).close()
+    except zipfile.BadZipFile as err:
+        raise UserError(f"--resume={path} is not a readable checkpoint: not a complete zip "
+                        f"archive, as torch.save writes ({err}); another kind of file, or a "
+                        f"write that was cut short") from None
+    try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UserError(f"--resume={path} is not a readable checkpoint ({type(err).__name__}: "
+    except pickle.UnpicklingError as err:  # holds more than tensors and plain containers
+        raise UserError(f"--resume={path} is not a readable checkpoint (UnpicklingError: "
                         f"{str(err).strip()[:200]})") from None
     if not isinstance(state, dict) or "hyperparameters" not in state:
         raise UserError(f"--resume={path} is not a checkpoint of this script")

@@ -156,8 +156,9 @@ def test_the_val_shard_check_agrees_with_the_loader(shard_tokens, tmp_path):
 
 
 # Every hyperparameter with an impossible value: (argument, error, message). {tmp} is a folder
-# holding a text file, a tensor file, a truncated file, a pickled object that is not plain data
-# (only weights_only=False would load it) and an empty folder.
+# holding a text file, a tensor file, files cut short (torch.load raised RuntimeError for one and
+# OSError for the other) and an empty one, a pickled object that is not plain data (only
+# weights_only=False would load it) and an empty folder.
 SWEEP = [
     ("--train_files={tmp}/none_*.bin", UserError, r"no shard matches .*cached_fineweb"),
     ("--val_files={tmp}/none_*.bin", UserError, r"no shard matches .*cached_fineweb"),
@@ -195,7 +196,9 @@ SWEEP = [
     ("--resume={tmp}/missing.pt", UserError, r"--resume=\S+missing.pt: no such file"),
     ("--resume={tmp}/empty", UserError, r"empty: the folder holds no checkpoint"),
     ("--resume={tmp}/notes.txt", UserError, r"notes.txt is not a readable checkpoint"),
-    ("--resume={tmp}/cut.pt", UserError, r"cut.pt is not a readable checkpoint"),
+    ("--resume={tmp}/cut.pt", UserError, r"cut.pt is not a readable checkpoint: not a complete"),
+    ("--resume={tmp}/end_cut.pt", UserError, r"end_cut.pt is not a readable checkpoint: not a c"),
+    ("--resume={tmp}/empty.pt", UserError, r"empty.pt is not a readable checkpoint: not a comp"),
     ("--resume={tmp}/tensor.pt", UserError, r"tensor.pt is not a checkpoint of this script"),
     ("--resume={tmp}/date.pt", UserError, r"date.pt is not a readable checkpoint \(Unpickling"),
 ]
@@ -216,10 +219,26 @@ def test_bad_input_stops_with_a_clear_message(argument, error, message, tmp_path
     torch.save(datetime.date(2026, 11, 22), tmp_path / "date.pt")
     torch.save({"model": torch.zeros(1000)}, tmp_path / "whole.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:2000])
+    (tmp_path / "end_cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:-100])
+    (tmp_path / "empty.pt").write_bytes(b"")
     logs = tmp_path / "logs"
     with pytest.raises(error, match=message):
         main(TINY + [f"--log_dir={logs}", argument.format(tmp=tmp_path)])
     assert not list(logs.glob("*.txt"))  # refused before the run starts
+
+
+@pytest.mark.parametrize("error", [OSError(5, "Input/output error"), MemoryError()])
+def test_an_error_in_reading_a_checkpoint_keeps_its_type(error, tmp_path, monkeypatch):
+    """Not the file's fault, so not bad input: it reaches the user with its traceback."""
+    main(TINY + [f"--log_dir={tmp_path}", "--num_iterations=1", "--save_checkpoint"])
+    (saved,) = tmp_path.glob("*/state_step000001.pt")
+
+    def load(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(type(error)) as raised:
+        main(TINY + [f"--log_dir={tmp_path}", f"--resume={saved}", "--num_iterations=1"])
+    assert raised.value is error
 
 
 def test_a_read_only_log_folder_is_refused(tmp_path, monkeypatch):
