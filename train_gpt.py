@@ -450,7 +450,8 @@ def check_heads(model_dim, num_heads):
 
 
 def check_tokens(inputs, vocab_size, max_seq_len):
-    """Refuse inputs the model cannot take, with the reason (the value check only when eager)."""
+    """Refuse inputs the model cannot take, with the reason. The values are checked only when
+    eager (a compiled check would wait for the GPU); in training, the loader checks them."""
     if inputs.ndim != 1 or len(inputs) % BLOCK_SIZE or len(inputs) > max_seq_len:
         raise UserError(f"inputs must be one flat sequence whose length is a multiple of "
                         f"{BLOCK_SIZE} and at most {max_seq_len}; got shape {tuple(inputs.shape)}")
@@ -531,16 +532,17 @@ class DistributedDataLoader:
     tokens [p + r*B/W, p + (r+1)*B/W + 1) of the current shard, then p advances by B. A shard is
     left (wrapping around after the last) as soon as p + B + 1 would reach its end. Shards are
     memory-mapped (the kernel reads the next one ahead), and a slice goes to the GPU through a
-    small pinned staging copy, so the copy does not block the CPU.
+    small pinned staging copy, so the copy does not block the CPU. Token ids must lie below
+    `vocab_size`.
     """
 
-    def __init__(self, filename_pattern, rank, world_size, device="cpu"):
+    def __init__(self, filename_pattern, rank, world_size, device="cpu", vocab_size=50257):
         self.files = sorted(glob.glob(filename_pattern))
         if not self.files:
             raise UserError(f"no shard matches {filename_pattern!r}; {DOWNLOAD_HINT}")
         for path in self.files:
             check_shard(path)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
         self.device = torch.device(device)
         self.shard, self.tokens = None, None
         self.reset()
@@ -568,6 +570,17 @@ class DistributedDataLoader:
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         self.pos = 0
 
+    def _check_tokens(self, batch):
+        """Refuse ids the model has no row for while they are still here: a compiled model cannot
+        check them, and on the GPU an id past the padded vocabulary ends in a device-side assert
+        while one inside it trains a padding row. Every rank checks the whole batch (0.05 ms for
+        the reference's), so that all of them stop."""
+        if batch.max() >= self.vocab_size:
+            at = int(np.argmax(batch >= self.vocab_size))
+            raise UserError(f"{self.files[self.shard]}: token {self.pos + at} is {batch[at]}, not "
+                            f"a token id below {self.vocab_size}; a shard must hold GPT-2 token "
+                            f"ids, {DOWNLOAD_HINT}")
+
     def next_batch(self, batch_size):
         """Return this rank's (inputs, targets): int32 inputs and int64 targets on the device."""
         local = rank_share(batch_size, self.world_size)
@@ -578,6 +591,7 @@ class DistributedDataLoader:
                                 f"{batch_size + 2}); use a smaller batch or larger shards")
             self._load((self.shard + 1) % len(self.files))
             return self.next_batch(batch_size)
+        self._check_tokens(self.tokens[self.pos:self.pos + batch_size + 1].numpy())
         start = self.pos + self.rank * local
         self.pos += batch_size
         # A fresh block from PyTorch's pinned-memory cache: it is not reused until the copy
@@ -605,8 +619,9 @@ def main(argv=None):
 
 
 def train(args, rank, world_size, device):
-    train_loader = DistributedDataLoader(args.train_files, rank, world_size, device)
-    val_loader = DistributedDataLoader(args.val_files, rank, world_size, device)
+    train_loader = DistributedDataLoader(args.train_files, rank, world_size, device,
+                                         args.vocab_size)
+    val_loader = DistributedDataLoader(args.val_files, rank, world_size, device, args.vocab_size)
     check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
     run_id = make_run_id()
     resume = find_checkpoint(args, run_id, world_size)  # refused, if it must be, before any log

@@ -223,7 +223,8 @@ def main(argv=None):
     rank, world_size, device = train_gpt.setup_device()
     train_gpt.check_config(args, world_size, val_shard_tokens=float("inf"))  # no validation here
     seq_len = train_gpt.sequence_length(args, world_size)
-    loader = train_gpt.DistributedDataLoader(args.train_files, rank, world_size, device)
+    loader = train_gpt.DistributedDataLoader(args.train_files, rank, world_size, device,
+                                             args.vocab_size)
     model, _, ddp_model = train_gpt.build_model(args, device)
     adam, muon = train_gpt.build_optimizers(model, args)
     window = torch.tensor(1, dtype=torch.int32, device=device)

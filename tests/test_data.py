@@ -220,6 +220,33 @@ def test_batch_that_the_world_size_does_not_divide(tmp_path):
         DistributedDataLoader(pattern, 0, 8).next_batch(100)
 
 
+@pytest.mark.parametrize("bad", [50257, 50303, 65535])
+def test_ids_past_the_vocabulary_stop_every_rank_naming_the_place(bad, tmp_path):
+    """A compiled model cannot check its inputs: the loader does, on the whole batch, so that
+    every rank stops, not only the one whose slice holds the id."""
+    shards, pattern = make_shards(tmp_path, [300, 300])
+    shards[1][150] = bad  # in the second batch of shard 1, in rank 1's slice
+    write_shard(tmp_path / "train_000001.bin", shards[1])
+    loaders = [DistributedDataLoader(pattern, rank, 2) for rank in range(2)]
+    for _ in range(3):  # shard 0's two batches, and shard 1's first (positions 0-128)
+        for loader in loaders:
+            loader.next_batch(128)
+    for loader in loaders:
+        with pytest.raises(UserError, match=rf"train_000001\.bin: token 150 is {bad}, not a "
+                                            rf"token id below 50257; a shard must hold GPT-2"):
+            loader.next_batch(128)
+
+
+def test_a_larger_vocabulary_takes_larger_ids(tmp_path):
+    shards, pattern = make_shards(tmp_path, [300])
+    shards[0][5] = 50300
+    write_shard(tmp_path / "train_000000.bin", shards[0])
+    inputs, _ = DistributedDataLoader(pattern, 0, 1, vocab_size=50304).next_batch(128)
+    assert inputs[5] == 50300
+    with pytest.raises(UserError, match="token 5 is 50300"):
+        DistributedDataLoader(pattern, 0, 1).next_batch(128)
+
+
 # ----------------------------------------------------------------------------- embedded sample
 
 

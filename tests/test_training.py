@@ -447,6 +447,17 @@ def test_allocator_settings_keep_the_users_and_are_logged(preset, expected, tmp_
         "PYTORCH_ALLOC_CONF", None if preset else "expandable_segments:True")
 
 
+def test_a_token_id_past_the_vocabulary_stops_the_run_naming_the_shard(tmp_path):
+    """Checked in the loader, where a compiled model (on a GPU) does not check; in the batch of
+    step 2 (tokens 512 to 1024)."""
+    tokens = train_gpt.read_shard(SAMPLE / "shakespeare_train_000000.bin").numpy().copy()
+    tokens[700] = 50300
+    train_gpt.write_shard(tmp_path / "train_000000.bin", tokens)
+    with pytest.raises(UserError, match=r"train_000000\.bin: token 700 is 50300, not a token id "
+                                        r"below 50257"):
+        main(TINY + [f"--train_files={tmp_path}/train_*.bin", f"--log_dir={tmp_path}"])
+
+
 def test_missing_data_names_the_download_command(tmp_path):
     with pytest.raises(UserError, match="cached_fineweb10B.py"):
         main(TINY + [f"--train_files={tmp_path}/none_*.bin", f"--log_dir={tmp_path}"])
