@@ -623,7 +623,7 @@ def train(args, rank, world_size, device):
                                          args.vocab_size)
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device, args.vocab_size)
     check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
-    run_id = make_run_id()
+    run_id = make_run_id(args.log_dir)
     resume = find_checkpoint(args, run_id, world_size)  # refused, if it must be, before any log
     log = make_logger(args.log_dir, run_id, rank)
     log_run_header(log, args, world_size, train_loader.files, val_loader.files)
@@ -1122,16 +1122,30 @@ def stop_requests(show):
         os.close(wakeup)
 
 
-def make_run_id():
-    """torchrun's run id, which lasts over its restarts of the workers, or a new one."""
+def make_run_id(log_dir):
+    """torchrun's run id, which lasts over its restarts of the workers, or a new one. A new run
+    (not a restart) may not take an id that already has a log or checkpoints in `log_dir`: its
+    lines would go on in the same log, which then reads as one run."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    if run_id != "none":
-        return run_id
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:  # torchrun without --rdzv-id
-        raise UserError("torchrun may restart the workers (--max-restarts) but has no run id, so "
-                        "each restart would draw a new one and train again from step 0 instead "
-                        "of resuming; give torchrun --rdzv-id=NAME, the same on every node")
-    return on_rank_0(lambda: str(uuid.uuid4()))
+    if run_id == "none":
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:  # torchrun without --rdzv-id
+            raise UserError("torchrun may restart the workers (--max-restarts) but has no run "
+                            "id, so each restart would draw a new one and train again from step "
+                            "0 instead of resuming; give torchrun --rdzv-id=NAME, the same on "
+                            "every node")
+        return on_rank_0(lambda: str(uuid.uuid4()))
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0:
+        on_rank_0(refuse_a_taken_run_id, log_dir, run_id)
+    return run_id
+
+
+def refuse_a_taken_run_id(log_dir, run_id):
+    log, folder = os.path.join(log_dir, f"{run_id}.txt"), os.path.join(log_dir, run_id)
+    checkpoints = checkpoints_in(folder)
+    if os.path.exists(log) or checkpoints:
+        resume = f" (to continue that run, add --resume={folder})" if checkpoints else ""
+        raise UserError(f"the run id {run_id} is taken: {log if os.path.exists(log) else folder} "
+                        f"holds an earlier run; give torchrun a new --rdzv-id{resume}")
 
 
 def find_checkpoint(args, run_id, world_size):

@@ -475,6 +475,29 @@ def test_torchrun_that_may_restart_needs_a_run_id(tmp_path, monkeypatch):
     assert list(main(TINY + [f"--log_dir={tmp_path}", "--num_iterations=1"])) == [0, 1]
 
 
+def test_a_new_run_may_not_take_a_run_id_that_has_a_log_or_checkpoints(tmp_path, monkeypatch):
+    """It would write a second run into the same log; a restart by torchrun goes on with it."""
+    argv = TINY + [f"--log_dir={tmp_path}", "--num_iterations=2"]
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "first")
+    main(argv)
+    log = tmp_path / "first.txt"
+    logged = log.read_text()
+    with pytest.raises(UserError, match=rf"^the run id first is taken: {log} holds an earlier "
+                                        rf"run; give torchrun a new --rdzv-id$"):
+        main(argv)
+    assert log.read_text() == logged
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "second")
+    main(argv + ["--checkpoint_every=1"])
+    (tmp_path / "second.txt").unlink()  # the checkpoints alone take the id too
+    with pytest.raises(UserError, match=rf"^the run id second is taken: {tmp_path}/second holds "
+                                        rf"an earlier run; give torchrun a new --rdzv-id \(to "
+                                        rf"continue that run, add --resume={tmp_path}/second\)$"):
+        main(argv)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert list(main(argv)) == [2]  # restarted: resumed after its last step
+
+
 def test_torchrun_sets_what_the_run_id_check_reads(tmp_path):
     """torchrun as in the README's several-node command, but without --rdzv-id."""
     with socket.socket() as s:
