@@ -243,7 +243,7 @@ def test_embeddings_in_bf16_keep_the_stream_in_bf16():
 
 
 N = None
-LAYOUTS = [  # (layers, layers without attention, the value table of each layer)
+SHAPES = [  # (layers, layers without attention, the value table of each layer)
     (12, (7,), [0, 1, 2, N, N, N, N, N, N, 0, 1, 2]),  # the reference
     (12, (0, 9), [N, 0, 1, N, N, N, N, N, N, N, 0, 1]),  # the first table's layers have none
     (5, (1,), [0, N, N, 0, 1]),  # the second table feeds one layer
@@ -252,8 +252,8 @@ LAYOUTS = [  # (layers, layers without attention, the value table of each layer)
 ]
 
 
-@pytest.mark.parametrize("num_layers, no_attention_layers, tables", LAYOUTS,
-                         ids=[f"{n}-layers-without-{a}" for n, a, _ in LAYOUTS])
+@pytest.mark.parametrize("num_layers, no_attention_layers, tables", SHAPES,
+                         ids=[f"{n}-layers-without-{a}" for n, a, _ in SHAPES])
 def test_every_parameter_gets_a_finite_gradient(num_layers, no_attention_layers, tables):
     """DDP stops at the second step when a parameter has no gradient, so the model holds only
     what its layers use."""
