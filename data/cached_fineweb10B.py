@@ -31,13 +31,16 @@ SHARD_TOKENS = 100_000_000  # in every shard of the dataset
 
 
 def shard_names(num_train, val=True):
-    return [VAL_NAME] * val + [f"fineweb_train_{i:06d}.bin" for i in range(1, num_train + 1)]
+    return ([VAL_NAME] if val else []) + [f"fineweb_train_{i:06d}.bin"
+                                          for i in range(1, num_train + 1)]
 
 
 def shards_for_run(argv, local_dir=DEFAULT_DIR):
     """(whether the val shard, how many train shards) train_gpt.py reads from `local_dir` when
     run with the arguments `argv`. The loader leaves a shard of N tokens after (N - 2) // B
     batches of B tokens, so the first shards alone give the run the same batches as all of them."""
+    if {"-h", "--help"} & set(argv):  # the script only prints its help
+        return False, 0
     args = parse_args(argv)
 
     def reads(pattern, name):

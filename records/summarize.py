@@ -10,7 +10,8 @@ their final validation loss, the p-value of a one-sided one-sample t-test of "me
 mean training time and the mean time per step. A result claims the target only with p < 0.01.
 These statistics cover the finished runs alone: a log without its final validation (a run that
 diverged, crashed or was killed) is counted and named under its folder, and left out of them,
-which favours the runs that survived. The 2025-01-04 record's figures, from
+which favours the runs that survived. A stopped run that a later log continues (--resume, which
+logs the run it continues) is named with that log, which counts it once. The 2025-01-04 record's figures, from
 reference_2025-01-04.json beside this file, come last, for comparison.
 
 Compare the time per step with the record's: its clock left out its first 10 steps (148.08 ms =
@@ -41,6 +42,7 @@ COLOURS = [f"C{i}" for i in range(10) if i != 7]
 VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:([\d.]+) train_time:(\d+)ms", re.MULTILINE)
 # A run's log has train_gpt.py's header line or the record format's step lines.
 RUN_LINE = re.compile(r"^(hyperparameters: |step:\d+/\d+ )", re.MULTILINE)
+RESUMED = re.compile(r"^resuming from \S+: step \d+ of run (\S+)$", re.MULTILINE)
 
 
 def val_curve(path):
@@ -76,22 +78,29 @@ def p_below_target(losses):
 
 
 def summarize(folder):
-    """Per-folder numbers as a dict: over the finished runs, and the names of the logs of runs
-    that did not finish; None when the folder holds no run log."""
+    """Per-folder numbers as a dict: over the finished runs; the logs of runs that did not
+    finish; and the logs of runs that did not finish but that a later log continues (with
+    --resume, in a run of its own that names the one it continues). None when the folder holds
+    no run log."""
     logs = run_logs(folder)
     if not logs:
         return None
     results = {path.name: final_result(path) for path in logs}
-    unfinished = [name for name, result in results.items() if result is None]
-    results = [result for result in results.values() if result]
-    losses = np.array([loss for loss, _, _ in results])
+    continued = {f"{run_id}.txt": path.name for path in logs
+                 for run_id in RESUMED.findall(path.read_text(errors="replace"))
+                 if f"{run_id}.txt" != path.name}  # a restart by torchrun goes on in its own log
+    stopped = [name for name, result in results.items() if result is None]
+    finished = [result for result in results.values() if result]
+    losses = np.array([loss for loss, _, _ in finished])
     nan = float("nan")
-    return dict(folder=str(folder), runs=len(losses), unfinished=unfinished,
-                mean=losses.mean() if results else nan,
+    return dict(folder=str(folder), runs=len(losses),
+                unfinished=[name for name in stopped if name not in continued],
+                continued={name: continued[name] for name in stopped if name in continued},
+                mean=losses.mean() if finished else nan,
                 std=losses.std(ddof=1) if len(losses) > 1 else nan,
                 p=p_below_target(losses),
-                time_s=np.mean([ms for _, ms, _ in results]) / 1e3 if results else nan,
-                step_ms=np.mean([ms / steps for _, ms, steps in results]) if results else nan)
+                time_s=np.mean([ms for _, ms, _ in finished]) / 1e3 if finished else nan,
+                step_ms=np.mean([ms / steps for _, ms, steps in finished]) if finished else nan)
 
 
 def load_reference(path=REFERENCE):
@@ -156,6 +165,8 @@ def main(argv=None):
         if s["unfinished"]:
             print(f"  {len(s['unfinished'])} of {s['runs'] + len(s['unfinished'])} runs did "
                   f"not finish, left out: {', '.join(s['unfinished'])}")
+        for earlier, later in s["continued"].items():
+            print(f"  {earlier} stopped, and {later} continues it")
     ms = reference["train_time_ms"][-1]
     print(f"{reference['name'] + ' (its log)':<40} {reference['runs']:>4} "
           f"{reference['mean']:>9.4f} {reference['std']:>7.4f} {'':>9} {ms / 1e3:>10.1f}s "

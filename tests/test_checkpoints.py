@@ -167,38 +167,94 @@ def wait_for(path, text, seconds):
     return True
 
 
+def processes(marker):
+    """The processes whose command line holds `marker`, a test's own folder."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if str(marker).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+    return found
+
+
+@contextlib.contextmanager
+def started(command, tmp_path, **popen):
+    """Popen(command); on leaving, every process that names tmp_path is killed, torchrun's
+    workers too (they run in sessions of their own), whatever the test found."""
+    try:
+        yield subprocess.Popen(command, **popen)
+    finally:
+        for pid in processes(tmp_path):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def launcher(nproc):
+    return [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
+STOPPING = "stopping after this step; Ctrl-C again to quit now\n"
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_second_ctrl_c_ends_a_blocked_run_at_once(nproc, tmp_path):
     """The last rank blocks in step 3; with two ranks, rank 0 waits for it inside a collective,
     where Python runs no signal handler. The first Ctrl-C says what it does; the second ends
     the run, where torchrun alone would wait 30 s before killing its workers."""
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     stderr = tmp_path / "stderr.txt"
-    with open(stderr, "w") as err:
-        run = subprocess.Popen(launcher + [WORKER, "hang:3", str(tmp_path), *SIX,
-                                           f"--log_dir={tmp_path}"],
-                               stdout=subprocess.DEVNULL, stderr=err)
-    try:
+    command = launcher(nproc) + [WORKER, "hang:3", str(tmp_path), *SIX, f"--log_dir={tmp_path}"]
+    with open(stderr, "w") as err, started(command, tmp_path, stdout=subprocess.DEVNULL,
+                                           stderr=err) as run:
         assert wait_for(stderr, "blocked", 120), stderr.read_text()[-3000:]
         time.sleep(1)  # rank 0 reaches the collective
         run.send_signal(signal.SIGINT)
-        message = "stopping after this step; Ctrl-C again to quit now\n"
-        assert wait_for(stderr, message, 10), stderr.read_text()[-3000:]
-        time.sleep(1)
+        assert wait_for(stderr, STOPPING, 10), stderr.read_text()[-3000:]
+        time.sleep(2)  # a second within a second of the first would count as a copy of it
         assert run.poll() is None  # the first one ends nothing
         run.send_signal(signal.SIGINT)
-        started = time.monotonic()
+        begun = time.monotonic()
         code = run.wait(timeout=60)
-        assert time.monotonic() - started < 10
-    finally:  # torchrun's workers run in sessions of their own: end them too if it failed
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            with contextlib.suppress(OSError):
-                if str(tmp_path).encode() in cmdline.read_bytes():
-                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
-    assert stderr.read_text().count(message) == 1  # rank 0 alone says it
+        assert time.monotonic() - begun < 10
+    assert stderr.read_text().count(STOPPING) == 1  # rank 0 alone says it
     if nproc == 1:
         assert code == 128 + signal.SIGINT
+
+
+def test_a_second_ctrl_c_ends_the_run_when_nobody_reads_its_output(tmp_path):
+    """As when `./run.sh 2>&1 | tee log` is interrupted: the Ctrl-C ends tee as well."""
+    command = [WORKER, "hang:3", str(tmp_path), *SIX, f"--log_dir={tmp_path}"]
+    with started([sys.executable, *command], tmp_path, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.PIPE, text=True) as run:
+        while "blocked" not in (line := run.stderr.readline()):
+            assert line, "the worker ended before it blocked"
+        run.stderr.close()
+        run.send_signal(signal.SIGINT)
+        time.sleep(2)
+        assert run.poll() is None
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=10) == 128 + signal.SIGINT
+
+
+def test_one_sigterm_to_every_process_is_one_stop(tmp_path):
+    """A scheduler ending a job signals torchrun and each worker; torchrun passes its signal
+    on, so a worker gets two within moments: one request, which writes a checkpoint."""
+    argv = TINY + ["--num_iterations=300", "--val_every=0", "--checkpoint_every=1000"]
+    command = launcher(2) + [WORKER, "train", str(tmp_path), *argv, f"--log_dir={tmp_path}"]
+    with started(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 text=True) as run:
+        deadline = time.monotonic() + 120
+        while not any("step:3/300 train" in log.read_text() for log in tmp_path.glob("*.txt")):
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.1)
+        for pid in processes(tmp_path):  # torchrun and its two workers
+            os.kill(pid, signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+    (log,) = tmp_path.glob("*.txt")
+    last = log.read_text().splitlines()[-1]
+    step = int(re.fullmatch(r"interrupted at step (\d+); continue with --resume=\S+", last)[1])
+    assert checkpoint(tmp_path, step).exists(), stderr[-3000:]
+    assert re.findall(r"interrupted at step (\d+)", stderr) == [str(step)] * 2  # both ranks
 
 
 def test_a_failed_write_stops_every_rank(tmp_path):

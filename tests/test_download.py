@@ -116,6 +116,7 @@ ROOT = SCRIPT.parent.parent
     (["--train_files=data/synthetic/synthetic_train_*.bin"], (True, 0)),
     (["--val_files=data/synthetic/synthetic_val_*.bin", "--num_iterations=400"], (False, 3)),
     (["--preset=smoke"], (False, 0)),  # the embedded sample
+    (["--help"], (False, 0)),
 ])
 def test_a_run_needs_the_shards_it_reads(argv, expected, monkeypatch):
     monkeypatch.chdir(ROOT)  # the patterns are relative, as run.sh runs them

@@ -102,6 +102,22 @@ def test_runs_that_did_not_finish_are_named_and_left_out(tmp_path, capsys):
     assert re.fullmatch(r"c +no run logs", lines[a + 4])
 
 
+def test_a_stopped_run_that_another_log_continues_counts_once(tmp_path, capsys):
+    """A new run with --resume logs the run it continues; a restart by torchrun, its own."""
+    (tmp_path / "first.txt").write_text("hyperparameters: {}\n"
+                                        "step:0/1390 val_loss:10.8258 train_time:0ms\n")
+    write_log(tmp_path, "second.txt", 3.2790, 204_000)
+    with open(tmp_path / "second.txt", "a") as f:
+        f.write("resuming from logs/first/state_step000700.pt: step 700 of run first\n")
+    write_log(tmp_path, "restarted.txt", 3.2770, 205_000)
+    with open(tmp_path / "restarted.txt", "a") as f:
+        f.write("resuming from logs/restarted/state_step000700.pt: step 700 of run restarted\n")
+    s = summarize(tmp_path)
+    assert (s["runs"], s["unfinished"], s["continued"]) == (2, [], {"first.txt": "second.txt"})
+    main([str(tmp_path)])
+    assert "  first.txt stopped, and second.txt continues it\n" in capsys.readouterr().out
+
+
 def test_only_the_final_validation_counts(tmp_path):
     write_log(tmp_path, "a.txt", 3.2791, 204_345)
     assert final_result(tmp_path / "a.txt") == (3.2791, 204345.0, 1390)

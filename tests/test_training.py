@@ -6,11 +6,14 @@ import io
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -157,8 +160,9 @@ def test_the_val_shard_check_agrees_with_the_loader(shard_tokens, tmp_path):
 
 # Every hyperparameter with an impossible value: (argument, error, message). {tmp} is a folder
 # holding a text file, a tensor file, files cut short (torch.load raised RuntimeError for one and
-# OSError for the other) and an empty one, a pickled object that is not plain data (only
-# weights_only=False would load it) and an empty folder.
+# OSError for the other) and an empty one, a zip file of numpy's, a checkpoint with a byte of its
+# pickle changed (torch.load raised UnicodeDecodeError or EOFError for such), a pickled object
+# that is not plain data (only weights_only=False would load it) and an empty folder.
 SWEEP = [
     ("--train_files={tmp}/none_*.bin", UserError, r"no shard matches .*cached_fineweb"),
     ("--val_files={tmp}/none_*.bin", UserError, r"no shard matches .*cached_fineweb"),
@@ -196,9 +200,12 @@ SWEEP = [
     ("--resume={tmp}/missing.pt", UserError, r"--resume=\S+missing.pt: no such file"),
     ("--resume={tmp}/empty", UserError, r"empty: the folder holds no checkpoint"),
     ("--resume={tmp}/notes.txt", UserError, r"notes.txt is not a readable checkpoint"),
-    ("--resume={tmp}/cut.pt", UserError, r"cut.pt is not a readable checkpoint: not a complete"),
-    ("--resume={tmp}/end_cut.pt", UserError, r"end_cut.pt is not a readable checkpoint: not a c"),
-    ("--resume={tmp}/empty.pt", UserError, r"empty.pt is not a readable checkpoint: not a comp"),
+    ("--resume={tmp}/cut.pt", UserError, r"cut.pt is not a readable checkpoint: not a sound zip"),
+    ("--resume={tmp}/end_cut.pt", UserError, r"end_cut.pt is not a readable checkpoint: not a so"),
+    ("--resume={tmp}/empty.pt", UserError, r"empty.pt is not a readable checkpoint: not a sound"),
+    ("--resume={tmp}/arrays.npz", UserError, r"npz is not a readable checkpoint: a zip archive, b"),
+    ("--resume={tmp}/damaged.pt", UserError,
+     r"damaged.pt is not a readable checkpoint: its part whole/data.pkl is damaged"),
     ("--resume={tmp}/tensor.pt", UserError, r"tensor.pt is not a checkpoint of this script"),
     ("--resume={tmp}/date.pt", UserError, r"date.pt is not a readable checkpoint \(Unpickling"),
 ]
@@ -221,6 +228,13 @@ def test_bad_input_stops_with_a_clear_message(argument, error, message, tmp_path
     (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:2000])
     (tmp_path / "end_cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:-100])
     (tmp_path / "empty.pt").write_bytes(b"")
+    np.savez(tmp_path / "arrays.npz", weights=np.zeros(3))
+    damaged = bytearray((tmp_path / "whole.pt").read_bytes())
+    with zipfile.ZipFile(tmp_path / "whole.pt") as archive:  # a byte of its pickle flipped
+        start = archive.getinfo("whole/data.pkl").header_offset
+    name_length, extra_length = struct.unpack("<HH", damaged[start + 26:start + 30])
+    damaged[start + 30 + name_length + extra_length + 20] ^= 0xFF
+    (tmp_path / "damaged.pt").write_bytes(damaged)
     logs = tmp_path / "logs"
     with pytest.raises(error, match=message):
         main(TINY + [f"--log_dir={logs}", argument.format(tmp=tmp_path)])
