@@ -401,9 +401,8 @@ class GPT(nn.Module):
         check_heads(model_dim, num_heads)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         padded_vocab = -(-vocab_size // 128) * 128  # aligned matrices run faster
-        # Every parameter must take part in the loss: DDP stops at the second step when one has
-        # no gradient. So a value table exists only if one of its layers has attention, and the
-        # skip weights only if there is a decoder layer to take them.
+        # DDP stops at the second step on a parameter without a gradient: a value table is built
+        # only if one of its layers has attention, the skip weights only if a decoder layer does.
         attention = [i not in no_attention_layers for i in range(num_layers)]
         num_ve = min(3, num_layers // 2)  # value tables, each feeding an early and a late layer
         # 12 layers: tables [0, 1, 2, None, None, None, None, None, None, 0, 1, 2] by layer
@@ -450,8 +449,7 @@ def check_heads(model_dim, num_heads):
 
 
 def check_tokens(inputs, vocab_size, max_seq_len):
-    """Refuse inputs the model cannot take, with the reason. The values are checked only when
-    eager (a compiled check would wait for the GPU); in training, the loader checks them."""
+    """Refuse inputs the model cannot take (their values only when eager; the loader checks)."""
     if inputs.ndim != 1 or len(inputs) % BLOCK_SIZE or len(inputs) > max_seq_len:
         raise UserError(f"inputs must be one flat sequence whose length is a multiple of "
                         f"{BLOCK_SIZE} and at most {max_seq_len}; got shape {tuple(inputs.shape)}")
@@ -532,8 +530,7 @@ class DistributedDataLoader:
     tokens [p + r*B/W, p + (r+1)*B/W + 1) of the current shard, then p advances by B. A shard is
     left (wrapping around after the last) as soon as p + B + 1 would reach its end. Shards are
     memory-mapped (the kernel reads the next one ahead), and a slice goes to the GPU through a
-    small pinned staging copy, so the copy does not block the CPU. Token ids must lie below
-    `vocab_size`.
+    small pinned staging copy, so the copy does not block the CPU.
     """
 
     def __init__(self, filename_pattern, rank, world_size, device="cpu", vocab_size=50257):
@@ -570,17 +567,6 @@ class DistributedDataLoader:
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         self.pos = 0
 
-    def _check_tokens(self, batch):
-        """Refuse ids the model has no row for while they are still here: a compiled model cannot
-        check them, and on the GPU an id past the padded vocabulary ends in a device-side assert
-        while one inside it trains a padding row. Every rank checks the whole batch (0.05 ms for
-        the reference's), so that all of them stop."""
-        if batch.max() >= self.vocab_size:
-            at = int(np.argmax(batch >= self.vocab_size))
-            raise UserError(f"{self.files[self.shard]}: token {self.pos + at} is {batch[at]}, not "
-                            f"a token id below {self.vocab_size}; a shard must hold GPT-2 token "
-                            f"ids, {DOWNLOAD_HINT}")
-
     def next_batch(self, batch_size):
         """Return this rank's (inputs, targets): int32 inputs and int64 targets on the device."""
         local = rank_share(batch_size, self.world_size)
@@ -591,7 +577,13 @@ class DistributedDataLoader:
                                 f"{batch_size + 2}); use a smaller batch or larger shards")
             self._load((self.shard + 1) % len(self.files))
             return self.next_batch(batch_size)
-        self._check_tokens(self.tokens[self.pos:self.pos + batch_size + 1].numpy())
+        # Ids past the vocabulary are refused here, since a compiled model cannot check them.
+        # Every rank checks the whole batch (0.05 ms for the reference's), so that all stop.
+        batch = self.tokens[self.pos:self.pos + batch_size + 1].numpy()
+        if batch.max() >= self.vocab_size:
+            at = int(np.argmax(batch >= self.vocab_size))
+            raise UserError(f"{self.files[self.shard]}: token {self.pos + at} is {batch[at]}, not "
+                            f"a GPT-2 id below {self.vocab_size}; {DOWNLOAD_HINT}")
         start = self.pos + self.rank * local
         self.pos += batch_size
         # A fresh block from PyTorch's pinned-memory cache: it is not reused until the copy
@@ -646,13 +638,13 @@ def train(args, rank, world_size, device):
     warm_up(step_once, args.warmup_steps, log, show=rank == 0)
     restore_training_state(initial, *state)
     del initial
-    clock = TrainClock(device)
-    readout = StepReadout(log, clock, args.num_iterations)
-    run = LongRun(args, run_id, world_size, state, clock, log, resume)  # from step 0 or `resume`
-    del resume  # copied into the model and optimizers: free its copy in host memory
 
     val_losses = {}
     with stop_requests(show=rank == 0) as signals:  # shared with the other ranks
+        clock = TrainClock(device)  # from here: the set-up above is no training
+        readout = StepReadout(log, clock, args.num_iterations)
+        run = LongRun(args, run_id, world_size, state, clock, log, resume)  # step 0 or `resume`
+        del resume  # copied into the model and optimizers: free its copy in host memory
         for step in range(run.first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
             validate = last or (args.val_every and step % args.val_every == 0)

@@ -233,7 +233,7 @@ def test_ids_past_the_vocabulary_stop_every_rank_naming_the_place(bad, tmp_path)
             loader.next_batch(128)
     for loader in loaders:
         with pytest.raises(UserError, match=rf"train_000001\.bin: token 150 is {bad}, not a "
-                                            rf"token id below 50257; a shard must hold GPT-2"):
+                                            rf"GPT-2 id below 50257; download the shards"):
             loader.next_batch(128)
 
 

@@ -467,7 +467,7 @@ def test_a_token_id_past_the_vocabulary_stops_the_run_naming_the_shard(tmp_path)
     tokens = train_gpt.read_shard(SAMPLE / "shakespeare_train_000000.bin").numpy().copy()
     tokens[700] = 50300
     train_gpt.write_shard(tmp_path / "train_000000.bin", tokens)
-    with pytest.raises(UserError, match=r"train_000000\.bin: token 700 is 50300, not a token id "
+    with pytest.raises(UserError, match=r"train_000000\.bin: token 700 is 50300, not a GPT-2 id "
                                         r"below 50257"):
         main(TINY + [f"--train_files={tmp_path}/train_*.bin", f"--log_dir={tmp_path}"])
 
