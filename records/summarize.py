@@ -11,8 +11,8 @@ mean training time and the mean time per step. A result claims the target only w
 These statistics cover the finished runs alone: a log without its final validation (a run that
 diverged, crashed or was killed) is counted and named under its folder, and left out of them,
 which favours the runs that survived. A stopped run that a later log continues (--resume, which
-logs the run it continues) is named with that log, which counts it once. The 2025-01-04 record's figures, from
-reference_2025-01-04.json beside this file, come last, for comparison.
+logs the run it continues) is named with that log, which counts it once. The 2025-01-04 record's
+figures, from reference_2025-01-04.json beside this file, come last, for comparison.
 
 Compare the time per step with the record's: its clock left out its first 10 steps (148.08 ms =
 204,345 ms / 1,380 steps), train_gpt.py's counts all of them.
