@@ -157,10 +157,10 @@ def test_a_signal_to_one_rank_stops_every_rank(tmp_path):
     assert torch.load(checkpoint(tmp_path, 6), weights_only=True)["step"] == 6
 
 
-def wait_for(path, text, seconds):
-    """Whether `text` appears in the file `path` within `seconds`."""
+def wait_for(condition, seconds):
+    """Whether `condition()` comes true within `seconds`."""
     deadline = time.monotonic() + seconds
-    while text not in path.read_text():
+    while not condition():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -206,10 +206,10 @@ def test_a_second_ctrl_c_ends_a_blocked_run_at_once(nproc, tmp_path):
     command = launcher(nproc) + [WORKER, "hang:3", str(tmp_path), *SIX, f"--log_dir={tmp_path}"]
     with open(stderr, "w") as err, started(command, tmp_path, stdout=subprocess.DEVNULL,
                                            stderr=err) as run:
-        assert wait_for(stderr, "blocked", 120), stderr.read_text()[-3000:]
+        assert wait_for(lambda: "blocked" in stderr.read_text(), 120), stderr.read_text()[-3000:]
         time.sleep(1)  # rank 0 reaches the collective
         run.send_signal(signal.SIGINT)
-        assert wait_for(stderr, STOPPING, 10), stderr.read_text()[-3000:]
+        assert wait_for(lambda: STOPPING in stderr.read_text(), 10), stderr.read_text()[-3000:]
         time.sleep(2)  # a second within a second of the first would count as a copy of it
         assert run.poll() is None  # the first one ends nothing
         run.send_signal(signal.SIGINT)
@@ -243,10 +243,9 @@ def test_one_sigterm_to_every_process_is_one_stop(tmp_path):
     command = launcher(2) + [WORKER, "train", str(tmp_path), *argv, f"--log_dir={tmp_path}"]
     with started(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                  text=True) as run:
-        deadline = time.monotonic() + 120
-        while not any("step:3/300 train" in log.read_text() for log in tmp_path.glob("*.txt")):
-            assert time.monotonic() < deadline and run.poll() is None
-            time.sleep(0.1)
+        assert wait_for(lambda: run.poll() is not None or any(
+            "step:3/300 train" in log.read_text() for log in tmp_path.glob("*.txt")), 120)
+        assert run.poll() is None
         for pid in processes(tmp_path):  # torchrun and its two workers
             os.kill(pid, signal.SIGTERM)
         _, stderr = run.communicate(timeout=60)
