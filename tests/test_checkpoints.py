@@ -14,18 +14,17 @@ import pytest
 import torch
 
 import train_gpt
-from test_training import TINY, assert_same_state, checkpoint
+from test_training import TINY, assert_same_state, checkpoint, launcher
 from train_gpt import UserError, checkpoints_in, main, write_checkpoint
 
 SIX = TINY + ["--num_iterations=6"]  # validation at steps 0, 2, 4 and 6
 WORKER = str(Path(__file__).resolve().parent / "training_worker.py")
 
 
-def torchrun(mode, out, argv, nproc=2, launcher_args=(), timeout=300):
+def torchrun(mode, out, argv, launcher_args=(), timeout=300):
+    """The worker on two ranks under torchrun, given `launcher_args` as well."""
     out.mkdir(exist_ok=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", *launcher_args, WORKER, mode, str(out), *argv,
-               f"--log_dir={out}"]
+    command = [*launcher(2), *launcher_args, WORKER, mode, str(out), *argv, f"--log_dir={out}"]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
@@ -187,11 +186,6 @@ def started(command, tmp_path, **popen):
         for pid in processes(tmp_path):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def launcher(nproc):
-    return [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
 STOPPING = "stopping after this step; Ctrl-C again to quit now\n"

@@ -267,13 +267,17 @@ def test_a_read_only_log_folder_is_refused(tmp_path, monkeypatch):
         main(TINY + [f"--log_dir={folder}"])
 
 
+def launcher(nproc):
+    """The command that starts `nproc` processes: Python itself for one, torchrun for more."""
+    return [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
 def launch(tmp_path, mode, nproc, argv, name=None):
     out = tmp_path / (name or f"{mode}{nproc}")
     out.mkdir()
     worker = str(Path(__file__).resolve().parent / "training_worker.py")
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    result = subprocess.run(launcher + [worker, mode, str(out)] + argv + [f"--log_dir={out}"],
+    result = subprocess.run(launcher(nproc) + [worker, mode, str(out), *argv, f"--log_dir={out}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(out / "result.pt")
