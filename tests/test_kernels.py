@@ -1,0 +1,157 @@
+"""GPU kernels section: each Triton kernel against the pure-torch computation it replaces.
+
+Tiny shapes, on the GPU when there is one; without one, on the CPU through Triton's interpreter
+(conftest.py turns it on). References are computed in fp64 from the same bf16 inputs, and a
+kernel's bf16 output must lie within one bf16 ulp of them: the interpreter rounds fp32 to bf16
+toward zero (up to one ulp off), a GPU to the nearest (half an ulp). The real shapes, under
+torch.compile, are in test_gpu.py.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from train_gpt import (HeadLoss, ReluSquareMLP, head_loss, norm, relu_square_matmul,
+                       relu_square_matmul_fits, relu_square_mlp, softcapped_cross_entropy)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def randn(*shape, scale=1.0, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=generator) * scale).bfloat16().to(DEVICE)
+
+
+def within_ulps(got, expected, slack=0):
+    """Whether each element of bf16 `got` is within one bf16 spacing of `expected`, taken at
+    the larger of the two magnitudes, plus `slack` (the fp32 arithmetic's own error)."""
+    magnitude = torch.maximum(got.double().abs(), expected.double().abs()).clamp(min=1e-30)
+    ulp = torch.exp2(torch.floor(torch.log2(magnitude)) - 7)
+    error = (got.double() - expected.double()).abs()
+    return bool((error <= ulp + slack).all())
+
+
+def fp32_sum_error(a, b):
+    """A bound on fp32's rounding of the sums of the product a b, over a few hundred terms."""
+    return 2.0 ** -20 * (a.double().abs() @ b.double().abs())
+
+
+def relative_error(got, expected):
+    return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def head_inputs(rows=24, vocab=5000, dim=32):
+    """Logits beyond the cap's knee (their spread is about 17), a vocabulary that is not a whole
+    number of the kernel's column blocks, and targets at both ends and in the last block."""
+    x, weight = randn(rows, dim, seed=0), randn(vocab, dim, scale=3.0, seed=1)
+    targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(2))
+    targets[:3] = torch.tensor([0, vocab - 1, vocab - 5])
+    return x, weight, targets.to(DEVICE)
+
+
+def test_softcapped_cross_entropy_gives_the_loss_and_each_logits_gradient():
+    x, weight, targets = head_inputs()
+    loss, grad_logits = softcapped_cross_entropy(x, weight, targets)
+    logits = (x @ weight.T).double().requires_grad_()  # the op's own bf16 logits
+    expected = F.cross_entropy(15 * torch.tanh(logits / 15), targets)
+    expected.backward()
+    assert logits.abs().max() > 45  # some well into the cap, where tanh' is below 0.01
+    assert abs(loss.item() - expected.item()) < 1e-6 * expected.item()
+    assert grad_logits.dtype == torch.bfloat16 and grad_logits.shape == logits.shape
+    # exp and log in fp32 are exact to about 1e-6 relative, over the row's whole range
+    assert within_ulps(grad_logits, logits.grad, slack=1e-5 * logits.grad.abs())
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])  # the loss of one of 4 micro-batches
+def test_head_loss_kernel_differentiates_like_the_reference(scale):
+    x, weight, targets = head_inputs()
+    fused = [x.clone().requires_grad_(), weight.clone().requires_grad_()]
+    loss = HeadLoss.apply(*fused, targets)
+    (scale * loss).backward()
+    exact = [x.double().requires_grad_(), weight.double().requires_grad_()]
+    expected = head_loss(*exact, targets)
+    (scale * expected).backward()
+    assert abs(loss.item() - expected.item()) < 1e-2
+    for got, reference in zip(fused, exact):
+        assert got.grad.dtype == torch.bfloat16
+        assert relative_error(got.grad, reference.grad) < 1e-2
+
+
+# 10 row tiles: a whole group of 8 and a group of 2; 2 column tiles
+MLP_SHAPE = dict(tokens=1280, dim=128, hidden=512)
+
+
+def mlp_inputs():
+    tokens, dim, hidden = MLP_SHAPE.values()
+    x = randn(tokens, dim, seed=3)
+    w_fc = randn(hidden, dim, scale=dim ** -0.5, seed=4)
+    w_proj = randn(dim, hidden, scale=hidden ** -0.5, seed=5)
+    return x, w_fc, w_proj
+
+
+def test_relu_square_matmul_forward_writes_the_product_and_its_relu_squared():
+    x, w_fc, _ = mlp_inputs()
+    assert relu_square_matmul_fits(*MLP_SHAPE.values())
+    pre, h = relu_square_matmul(x, w_fc.T, None)  # w_fc.T: a transposed view, as the MLP passes
+    exact = x.double() @ w_fc.double().T
+    assert within_ulps(pre, exact, slack=fp32_sum_error(x, w_fc.T))
+    assert within_ulps(h, F.relu(pre.double()).square())  # from the rounded product, as torch
+    assert (pre < 0).any() and (pre > 0).any()
+
+
+def test_relu_square_matmul_backward_multiplies_by_twice_the_relu():
+    x, w_fc, w_proj = mlp_inputs()
+    pre = (x @ w_fc.T).contiguous()
+    grad_out = randn(len(x), w_proj.size(0), seed=6)
+    grad_pre, h = relu_square_matmul(grad_out, w_proj, pre)
+    twice_relu = 2 * F.relu(pre.double())
+    expected = (grad_out.double() @ w_proj.double()) * twice_relu
+    slack = fp32_sum_error(grad_out, w_proj) * twice_relu
+    # rounded to bf16 twice, as torch does (the product, then the result): each time within
+    # 2^-7 of the value, an ulp at the most
+    error = (grad_pre.double() - expected).abs()
+    assert (error <= 2 * 2.0 ** -7 * expected.abs() + slack).all()
+    assert within_ulps(h, F.relu(pre.double()).square())
+    assert (grad_pre == 0).float().mean() > 0.3  # where pre < 0
+
+
+def test_relu_square_mlp_kernel_differentiates_like_the_reference():
+    inputs = mlp_inputs()
+    grad_out = randn(len(inputs[0]), inputs[0].size(1), seed=7)
+    fused = [t.clone().requires_grad_() for t in inputs]
+    out = ReluSquareMLP.apply(*fused)
+    out.backward(grad_out)
+    exact = [t.double().requires_grad_() for t in inputs]
+    expected = relu_square_mlp(*exact)
+    expected.backward(grad_out.double())
+    assert relative_error(out, expected) < 1e-2
+    for got, reference in zip(fused, exact):
+        assert got.grad.dtype == torch.bfloat16
+        assert relative_error(got.grad, reference.grad) < 1e-2
+
+
+@pytest.mark.parametrize("shape, fits", [((65536, 768, 3072), True), ((4096, 256, 1024), True),
+                                         ((4096, 200, 800), False), ((4096, 96, 384), False),
+                                         ((4000, 256, 1024), False)])
+def test_relu_square_matmul_fits_whole_tiles_only(shape, fits):
+    assert relu_square_matmul_fits(*shape) == fits
+
+
+def test_both_kernels_compile_into_one_graph_with_the_eager_results():
+    """torch.compile sees each kernel through its registered shapes: no graph break, and the
+    loss and gradients of eager mode."""
+    x, w_fc, w_proj = mlp_inputs()
+    _, weight, _ = head_inputs(vocab=1000, dim=x.size(1))
+    targets = torch.randint(0, 1000, (len(x),), generator=torch.Generator().manual_seed(8))
+
+    def loss(x, w_fc, w_proj, weight):
+        return HeadLoss.apply(norm(x + ReluSquareMLP.apply(x, w_fc, w_proj)), weight,
+                              targets.to(DEVICE))
+
+    results = []
+    for fn in (loss, torch.compile(loss, fullgraph=True)):
+        leaves = [t.clone().requires_grad_() for t in (x, w_fc, w_proj, weight)]
+        value = fn(*leaves)
+        value.backward()
+        results.append([value, *(t.grad for t in leaves)])
+    for eager, compiled in zip(*results):
+        assert relative_error(compiled, eager) < 1e-2
