@@ -236,3 +236,86 @@ def test_one_muon_step_on_the_gpu_matches_the_cpu():
         moved.append([(p.detach().cpu() - w) for p, w in zip(params, weights)])
     for cpu_update, gpu_update in zip(*moved):
         assert relative_error(gpu_update, cpu_update) < 5e-2
+
+
+
+def errors_against_fp32(fns, inputs, grad_out, expected):
+    """For each fn: [relative error of its value, of each input's gradient] against
+    `expected` = (value, gradients), on the same bf16 inputs."""
+    errors = {}
+    for name, fn in fns.items():
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        value = fn(*leaves)
+        value.backward(grad_out)
+        errors[name] = [relative_error(value, expected[0])] + [
+            relative_error(t.grad, e) for t, e in zip(leaves, expected[1])]
+    return errors
+
+
+def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph():
+    """A 65,536-token micro-batch against the 50,304-column head, logits reaching well into
+    the cap: the kernel's loss and gradients against fp32, beside torch.compile's bf16 graph."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    x = F.rms_norm(torch.randn(65536, 768, device="cuda", generator=generator), (768,))
+    weight = torch.randn(50304, 768, device="cuda", generator=generator) * 0.5
+    targets = torch.randint(0, 50257, (65536,), device="cuda", generator=generator)
+    x, weight = x.bfloat16(), weight.bfloat16()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    loss = 0.0
+    grads = [torch.zeros(x.shape, device="cuda"), torch.zeros(weight.shape, device="cuda")]
+    for start in range(0, len(x), 8192):  # in fp32, 8,192 rows at a time: 1.6 GB of logits
+        rows = slice(start, start + 8192)
+        leaves = [x[rows].float().requires_grad_(), weight.float().requires_grad_()]
+        part = train_gpt.head_loss(*leaves, targets[rows]) * 8192 / len(x)
+        part.backward()
+        loss += part.detach()
+        grads[0][rows] += leaves[0].grad
+        grads[1] += leaves[1].grad
+    fns = {"fused": lambda *xw: train_gpt.HeadLoss.apply(*xw, targets),
+           "compiled": torch.compile(lambda *xw: train_gpt.head_loss(*xw, targets))}
+    errors = errors_against_fp32(fns, [x, weight], None, (loss, grads))
+    print(errors)
+    assert errors["fused"][0] < 1e-4, errors
+    for fused, compiled in zip(errors["fused"], errors["compiled"]):
+        assert fused < 1.5 * compiled + 1e-4, errors
+
+
+def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph():
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = F.rms_norm(torch.randn(65536, 768, device="cuda", generator=generator), (768,))
+    w_fc = torch.randn(3072, 768, device="cuda", generator=generator) * 768 ** -0.5
+    w_proj = torch.randn(768, 3072, device="cuda", generator=generator) * 3072 ** -0.5
+    grad_out = torch.randn(65536, 768, device="cuda", generator=generator) / 65536
+    inputs = [t.bfloat16() for t in (x, w_fc, w_proj)]
+    assert train_gpt.relu_square_matmul_fits(65536, 768, 3072)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    leaves = [t.float().requires_grad_() for t in inputs]
+    value = train_gpt.relu_square_mlp(*leaves)
+    value.backward(grad_out)
+    expected = (value.detach(), [t.grad for t in leaves])
+    fns = {"fused": train_gpt.ReluSquareMLP.apply,
+           "compiled": torch.compile(train_gpt.relu_square_mlp)}
+    errors = errors_against_fp32(fns, inputs, grad_out.bfloat16(), expected)
+    print(errors)
+    for fused, compiled in zip(errors["fused"], errors["compiled"]):
+        assert fused < 1.5 * compiled + 1e-4, errors
+
+
+def test_resume_on_the_gpu_continues_like_a_run_that_never_stopped(tmp_path):
+    """20 steps of the small model with a checkpoint at 10, resumed from it in a new process
+    to 20, against 20 straight steps: the same losses and the same training state."""
+    def run(folder, *extra):
+        command = [sys.executable, str(ROOT / "train_gpt.py"), *SMALL, "--num_iterations=20",
+                   "--val_every=5", "--warmup_steps=2", "--checkpoint_every=10",
+                   "--save_checkpoint", f"--log_dir={folder}", *extra]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    from test_checkpoints import logged_losses
+    from test_training import assert_same_state, checkpoint
+    run(tmp_path / "straight")
+    run(tmp_path / "resumed", f"--resume={checkpoint(tmp_path / 'straight', 10)}")
+    resumed = logged_losses(tmp_path / "resumed", after=10)
+    assert len(resumed) == 12 and resumed == logged_losses(tmp_path / "straight", after=10)
+    assert_same_state(checkpoint(tmp_path / "straight", 20), checkpoint(tmp_path / "resumed", 20))

@@ -1,0 +1,105 @@
+"""Time each GPU kernel of train_gpt.py against the compiled pure-torch computation it replaces.
+
+    python benchmarks/bench_kernels.py [--json bench_kernels.json] [--sweep]
+
+At the reference shapes of one 65,536-token micro-batch: the head and its loss (768 -> 50,304
+columns) and one MLP (768 -> 3,072 -> 768), forward and backward, in bf16. Each is timed with
+CUDA events (median of --repeats calls after 3 warm-up calls), and its peak memory beyond its
+inputs is read from the allocator. With --sweep, each kernel's launch configuration is swept
+too (the file's own is marked): the table says whether another one is faster.
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import train_gpt  # noqa: E402
+
+TOKENS, DIM, VOCAB = 65536, 768, 50304
+HEAD_SWEEP = [dict(BLOCK=block, num_warps=warps) for block in (1024, 2048, 4096, 8192)
+              for warps in (4, 8, 16)]
+MLP_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
+             for m, n, warps, stages in [(128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4),
+                                         (128, 128, 4, 4), (256, 128, 8, 3), (64, 256, 4, 4)]]
+
+
+def time_ms(fn, repeats):
+    """Median ms of fn() and its peak memory in MiB beyond what was allocated before."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def forward_backward(fn, inputs, *args):
+    leaves = [t.detach().requires_grad_() for t in inputs]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        out = fn(*leaves, *args)
+        out.backward(torch.ones_like(out) if out.ndim else None)
+    return step
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", default="bench_kernels.json")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: bench_kernels.py times GPU kernels and needs a CUDA GPU")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=generator) * scale).bfloat16()
+
+    x = F.rms_norm(randn(TOKENS, DIM).float(), (DIM,)).bfloat16()
+    head = randn(VOCAB, DIM, scale=0.5)
+    targets = torch.randint(0, 50257, (TOKENS,), device="cuda", generator=generator)
+    w_fc, w_proj = randn(4 * DIM, DIM, scale=DIM ** -0.5), randn(DIM, 4 * DIM, scale=0.02)
+    cases = [("head", train_gpt.head_loss, train_gpt.HeadLoss.apply, [x, head], [targets],
+              train_gpt.HEAD_LOSS_CONFIG, HEAD_SWEEP),
+             ("mlp", train_gpt.relu_square_mlp, train_gpt.ReluSquareMLP.apply, [x, w_fc, w_proj],
+              [], train_gpt.RELU_SQUARE_CONFIG, MLP_SWEEP)]
+    results = []
+    for name, reference, fused, inputs, extra, config, sweep in cases:
+        compiled = torch.compile(reference)
+        ms, mib = time_ms(forward_backward(compiled, inputs, *extra), args.repeats)
+        results.append(dict(part=name, version="compiled pure torch", ms=ms, peak_mib=mib))
+        chosen = dict(config)
+        for candidate in (sweep if args.sweep else [chosen]):
+            config.clear()
+            config.update(candidate)
+            ms, mib = time_ms(forward_backward(fused, inputs, *extra), args.repeats)
+            mark = " (the file's)" if candidate == chosen else ""
+            results.append(dict(part=name, version=f"kernel {candidate}{mark}", ms=ms,
+                                peak_mib=mib))
+        config.clear()
+        config.update(chosen)
+    print(f"{'part':<6}{'ms':>9}{'peak MiB':>10}  version")
+    for row in results:
+        print(f"{row['part']:<6}{row['ms']:>9.3f}{row['peak_mib']:>10.0f}  {row['version']}")
+    Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
+                                               torch=torch.__version__, results=results),
+                                          indent=1))
+
+
+if __name__ == "__main__":
+    main()
