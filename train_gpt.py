@@ -372,8 +372,12 @@ def build_block_mask(inputs, window_blocks):
     any_allowed = (q_blk >= kv_blk) & in_window & docs_overlap
     all_allowed = (q_blk > kv_blk) & in_window & one_doc
 
-    def document_causal(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
+    # each position's document starts at the latest end-of-text at or before it (or at 0)
+    positions = torch.arange(len(inputs), dtype=torch.int32, device=inputs.device)
+    doc_start = torch.where(inputs == EOT_TOKEN, positions, 0).cummax(0).values
+
+    def document_causal(b, h, q_idx, kv_idx):  # one lookup per entry, not two
+        return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)
 
     def as_kv_lists(block_pairs):  # per query block: how many kv blocks, and which, listed first
         counts = block_pairs.sum(dim=-1, dtype=torch.int32)
