@@ -2,8 +2,8 @@
 
 Launch with `torchrun --standalone --nproc_per_node=8 train_gpt.py` (or `./run.sh`); `--help`
 lists the hyperparameters. The file reads top to bottom: hyperparameters, Muon, model, data and
-the training loop, then what the loop needs around it, and last what only long runs need
-(checkpoints, resume, stopping). Importing it has no side effects: everything runs in `main()`.
+the training loop, then what the loop needs around it, what only long runs need (checkpoints,
+resume, stopping) and the GPU kernels. Importing it has no side effects: all runs in `main()`.
 """
 import argparse
 import contextlib
@@ -35,12 +35,6 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_map_only
 from tqdm import tqdm
-
-try:  # Triton comes with PyTorch's CUDA builds, for the kernels at the end of the file
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU-only build: the CPU runs the pure-torch computations instead
-    triton = None
 
 # ----------------------------------------------------------------------------- hyperparameters
 
@@ -333,8 +327,7 @@ class MLP(nn.Module):
         self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)
 
     def forward(self, x):  # relu(x W_fc^T)^2 W_proj^T; on a GPU through a kernel (end of the file)
-        fused = x.is_cuda and relu_square_matmul_fits(*x.shape[1:], 4 * x.size(-1))
-        mlp = ReluSquareMLP.apply if fused else relu_square_mlp
+        mlp = ReluSquareMLP.apply if x.is_cuda and mlp_fits_tiles(x.shape) else relu_square_mlp
         return mlp(x[0], self.c_fc.weight.type_as(x), self.c_proj.weight.type_as(x))[None]
 
 
@@ -361,6 +354,7 @@ def build_block_mask(inputs, window_blocks):
     "partial" and go through `mask_mod`. No T x T tensor is ever made.
     """
     docs = (inputs == EOT_TOKEN).cumsum(0)
+    doc_start = torch.searchsorted(docs, docs, out_int32=True)  # where a position's doc starts
     docs_low = docs.view(-1, BLOCK_SIZE)[:, 0].contiguous()
     docs_high = docs.view(-1, BLOCK_SIZE)[:, -1].contiguous()
     block_idx = torch.arange(len(docs_low), dtype=torch.int32, device=inputs.device)
@@ -371,10 +365,6 @@ def build_block_mask(inputs, window_blocks):
     one_doc = (low_q == high_kv) & (low_kv == high_q)
     any_allowed = (q_blk >= kv_blk) & in_window & docs_overlap
     all_allowed = (q_blk > kv_blk) & in_window & one_doc
-
-    # each position's document starts at the latest end-of-text at or before it (or at 0)
-    positions = torch.arange(len(inputs), dtype=torch.int32, device=inputs.device)
-    doc_start = torch.where(inputs == EOT_TOKEN, positions, 0).cummax(0).values
 
     def document_causal(b, h, q_idx, kv_idx):  # one lookup per entry, not two
         return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)
@@ -449,8 +439,7 @@ class GPT(nn.Module):
             x = block(x, ve[i], x0, mask)
             if i < self.num_encoder_layers:
                 skips.append(x)
-        # 15 * tanh(logits / 15) and its cross-entropy; on a GPU in one kernel (end of the file)
-        loss = HeadLoss.apply if x.is_cuda else head_loss
+        loss = HeadLoss.apply if x.is_cuda else head_loss  # 15 tanh(logits / 15), cross-entropy
         return loss(norm(x)[0], self.lm_head.weight.type_as(x), targets)
 
 
@@ -1254,7 +1243,16 @@ def load_checkpoint(path, args, world_size):
 # A kernel is a custom op, which torch.compile calls as it is; an autograd.Function around it
 # says how it differentiates.
 
+try:  # Triton comes with PyTorch's CUDA builds
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only build, which runs the pure-torch computations
+    triton = None
+
 SOFTCAP = 15  # the logits lie in (-15, 15)
+HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=8)  # columns per iteration, warps per row
+RELU_SQUARE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8,
+                          num_stages=3)  # tile, row tiles per group, launch
 
 
 def head_loss(x, weight, targets):
@@ -1295,8 +1293,6 @@ def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: tor
 def _(x, weight, targets):
     return x.new_empty((), dtype=torch.float32), x.new_empty(len(x), len(weight))
 
-
-HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=8)  # columns per iteration, warps per row
 
 
 def relu_square_mlp(x, w_fc, w_proj):
@@ -1343,14 +1339,12 @@ def _(a, b, pre):
     return a.new_empty(len(a), b.size(1)), a.new_empty(len(a), b.size(1))
 
 
-RELU_SQUARE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8,
-                          num_stages=3)
-
-
-def relu_square_matmul_fits(tokens, dim, hidden):
-    """Whether the products of the MLP split into whole tiles, as the kernel needs."""
+def mlp_fits_tiles(shape):
+    """Whether the products of an MLP on x of this shape (1, tokens, dim) split into whole tiles,
+    as the kernel needs."""
+    _, tokens, dim = shape
     config = RELU_SQUARE_CONFIG
-    return (tokens % config["BLOCK_M"] == 0 and hidden % config["BLOCK_N"] == 0
+    return (tokens % config["BLOCK_M"] == 0 and 4 * dim % config["BLOCK_N"] == 0
             and dim % config["BLOCK_K"] == 0)
 
 
@@ -1425,6 +1419,7 @@ if triton is not None:
             relu = tl.maximum(product.to(tl.float32), 0)
             tl.store(out_ptr + tile, product)
         tl.store(h_ptr + tile, (relu * relu).to(product.dtype))
+
 
 if __name__ == "__main__":
     try:

@@ -287,7 +287,7 @@ def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_comp
     w_proj = torch.randn(768, 3072, device="cuda", generator=generator) * 3072 ** -0.5
     grad_out = torch.randn(65536, 768, device="cuda", generator=generator) / 65536
     inputs = [t.bfloat16() for t in (x, w_fc, w_proj)]
-    assert train_gpt.relu_square_matmul_fits(65536, 768, 3072)
+    assert train_gpt.mlp_fits_tiles((1, 65536, 768))
     torch.backends.cuda.matmul.allow_tf32 = False
     leaves = [t.float().requires_grad_() for t in inputs]
     value = train_gpt.relu_square_mlp(*leaves)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import train_gpt
-from train_gpt import (HeadLoss, ReluSquareMLP, head_loss, norm, relu_square_matmul,
-                       relu_square_matmul_fits, relu_square_mlp, softcapped_cross_entropy)
+from train_gpt import (HeadLoss, ReluSquareMLP, head_loss, mlp_fits_tiles, norm,
+                       relu_square_matmul, relu_square_mlp, softcapped_cross_entropy)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -112,7 +112,7 @@ def mlp_inputs():
 
 def test_relu_square_matmul_forward_writes_the_product_and_its_relu_squared():
     x, w_fc, _ = mlp_inputs()
-    assert relu_square_matmul_fits(*MLP_SHAPE.values())
+    assert mlp_fits_tiles((1, MLP_SHAPE['tokens'], MLP_SHAPE['dim']))
     pre, h = relu_square_matmul(x, w_fc.T, None)  # w_fc.T: a transposed view, as the MLP passes
     exact = x.double() @ w_fc.double().T
     assert within_ulps(pre, exact, slack=fp32_sum_error(x, w_fc.T))
@@ -173,11 +173,11 @@ def test_relu_square_mlp_kernel_in_bf16_is_about_as_close_to_fp64_as_torch():
     assert max(errors[0]) < 3 * max(errors[1]), errors
 
 
-@pytest.mark.parametrize("shape, fits", [((65536, 768, 3072), True), ((4096, 256, 1024), True),
-                                         ((4096, 200, 800), False), ((4096, 96, 384), False),
-                                         ((4000, 256, 1024), False)])
-def test_relu_square_matmul_fits_whole_tiles_only(shape, fits):
-    assert relu_square_matmul_fits(*shape) == fits
+@pytest.mark.parametrize("tokens, dim, fits", [(65536, 768, True), (4096, 256, True),
+                                               (4096, 200, False), (4096, 96, False),
+                                               (4000, 256, False)])
+def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, fits):
+    assert mlp_fits_tiles((1, tokens, dim)) == fits
 
 
 def test_both_kernels_compile_into_one_graph_with_the_eager_results():

@@ -4,9 +4,10 @@
 # fits one device call (under 10 minutes):
 #   1: versions; the GPU tests and the kernel tests at the GPU's shapes; each kernel against the
 #      compiled graph it replaces, with its launch configurations swept; the smoke run.
-#   2: the step (one 65,536-token micro-batch) of BEFORE, of this script, and of this script
-#      without the MLP kernel (the head kernel alone), each with a cold compile cache, then
-#      BEFORE and this script again with a warm one: the spread of each side.
+#   2: the step (one 65,536-token micro-batch) of BEFORE, of this script, of this script
+#      without the MLP kernel (the head kernel alone) and with the mask's two lookups, each with
+#      a cold compile cache, then BEFORE and this script again with a warm one: the spread of
+#      each side.
 #   3: benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps; the train
 #      losses of those runs at steps 25, 50, 75 and 100.
 set -uo pipefail
@@ -22,13 +23,21 @@ before=/tmp/before
 mkdir -p $before/benchmarks
 git show "$before_sha:train_gpt.py" > $before/train_gpt.py
 cp benchmarks/*.py $before/benchmarks/  # today's benchmarks, timing BEFORE's script
-# the head kernel alone: the MLP as the compiled graph computes it
-sed 's/fused = x.is_cuda and relu_square_matmul_fits/fused = False and relu_square_matmul_fits/' \
-    train_gpt.py > /tmp/head_only.py
-grep -q "fused = False and" /tmp/head_only.py || { echo "head_only.py: the MLP switch moved"; exit 1; }
-mkdir -p /tmp/head_only/benchmarks && cp /tmp/head_only.py /tmp/head_only/train_gpt.py
-cp benchmarks/*.py /tmp/head_only/benchmarks/
-
+# variants of this script, each without one lever, to time that lever alone
+variant() {  # NAME OLD NEW: train_gpt.py with the text OLD replaced by NEW, as NAME/train_gpt.py
+    mkdir -p /tmp/$1/benchmarks && cp benchmarks/*.py /tmp/$1/benchmarks/
+    $py - "$2" "$3" "/tmp/$1/train_gpt.py" <<'PY' || exit 1
+import sys
+old, new, path = sys.argv[1:]
+source = open("train_gpt.py").read()
+if source.count(old) != 1:
+    sys.exit(f"{path}: the text to replace is not in train_gpt.py once: {old!r}")
+open(path, "w").write(source.replace(old, new))
+PY
+}
+variant head_only "ReluSquareMLP.apply if x.is_cuda and" "ReluSquareMLP.apply if False and"
+variant two_lookups "return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)" \
+    "return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])"  # the mask_mod of BEFORE
 bench() {  # NAME TREE CACHE: one micro-batch per step, 50 timed steps
     TORCHINDUCTOR_CACHE_DIR=$3 timeout 240 $py "$2/benchmarks/bench_step.py" "${data[@]}" \
         --batch_size=65536 --steps=50 --json="$out/bench_$1.json" | tail -12
@@ -44,6 +53,7 @@ if [ "$part" = 2 ]; then
     bench before_cold $before /tmp/cold_before
     bench after_cold . /tmp/cold_after
     bench head_only_cold /tmp/head_only /tmp/cold_head_only
+    bench two_lookups_cold /tmp/two_lookups /tmp/cold_two_lookups
     bench before_warm $before /tmp/cold_before
     bench after_warm . /tmp/cold_after
 fi
