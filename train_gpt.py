@@ -1377,8 +1377,8 @@ if triton is not None:
             sum_exp += tl.where(cols < num_columns, tl.exp(softcap * tanh), 0)
         log_sum_exp = tl.log(tl.sum(sum_exp, axis=0))
         target = tl.load(targets_ptr + row)
-        tanh, _ = tanh_and_slope(tl.load(logits_ptr + target).to(tl.float32) / softcap)
-        tl.store(losses_ptr + row, log_sum_exp - softcap * tanh)
+        tanh_target, _ = tanh_and_slope(tl.load(logits_ptr + target).to(tl.float32) / softcap)
+        tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)
         for start in range(0, num_columns, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             z = tl.load(logits_ptr + cols, mask=cols < num_columns, other=0).to(tl.float32)

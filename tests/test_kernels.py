@@ -6,6 +6,12 @@ kernel's bf16 output must lie within one bf16 ulp of them: the interpreter round
 toward zero (up to one ulp off), a GPU to the nearest (half an ulp). The real shapes, under
 torch.compile, are in test_gpu.py.
 """
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +21,7 @@ from train_gpt import (HeadLoss, ReluSquareMLP, head_loss, mlp_fits_tiles, norm,
                        relu_square_matmul, relu_square_mlp, softcapped_cross_entropy)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H100_BUILD = Path(__file__).resolve().parent / "kernels_for_h100.py"
 
 
 def randn(*shape, scale=1.0, seed):
@@ -199,3 +206,17 @@ def test_both_kernels_compile_into_one_graph_with_the_eager_results():
         results.append([value, *(t.grad for t in leaves)])
     for eager, compiled in zip(*results):
         assert relative_error(compiled, eager) < 1e-2
+
+
+def test_the_kernels_compile_for_an_h100_with_the_products_on_pipelined_tensor_cores(tmp_path):
+    """Triton's compiler and ptxas, not its interpreter, with an empty kernel cache."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(H100_BUILD)], capture_output=True, text=True,
+                            env=env | {"TRITON_CACHE_DIR": str(tmp_path)}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    compiled = json.loads(result.stdout.splitlines()[-1])
+    assert set(compiled) == {"head", "mlp_forward", "mlp_backward"}
+    for part in ("mlp_forward", "mlp_backward"):
+        assert compiled[part]["wgmma"], part
+        assert compiled[part]["stages"] == train_gpt.RELU_SQUARE_CONFIG["num_stages"], part
+        assert compiled[part]["shared_bytes"] <= 227 * 1024, part  # an H100's per block
