@@ -28,10 +28,21 @@ MLP_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=64, GROUP_M=8, num_warps=warps, 
                                          (128, 128, 4, 4), (256, 128, 8, 3), (64, 256, 4, 4)]]
 
 
-def time_ms(fn, repeats):
-    """Median ms of fn() and its peak memory in MiB beyond what was allocated before."""
+def time_ms(fn, inputs, extra, repeats):
+    """Median ms of fn's forward and backward, and its peak memory in MiB beyond its inputs
+    (the gradients it makes included)."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+
+    def step():
+        for t in leaves:
+            t.grad = None  # before the call, so that no gradient is counted twice
+        out = fn(*leaves, *extra)
+        out.backward(torch.ones_like(out) if out.ndim else None)
+
     for _ in range(3):
-        fn()
+        step()
+    for t in leaves:
+        t.grad = None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -39,22 +50,11 @@ def time_ms(fn, repeats):
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        step()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def forward_backward(fn, inputs, *args):
-    leaves = [t.detach().requires_grad_() for t in inputs]
-
-    def step():
-        for t in leaves:
-            t.grad = None
-        out = fn(*leaves, *args)
-        out.backward(torch.ones_like(out) if out.ndim else None)
-    return step
 
 
 def main():
@@ -81,13 +81,13 @@ def main():
     results = []
     for name, reference, fused, inputs, extra, config, sweep in cases:
         compiled = torch.compile(reference)
-        ms, mib = time_ms(forward_backward(compiled, inputs, *extra), args.repeats)
+        ms, mib = time_ms(compiled, inputs, extra, args.repeats)
         results.append(dict(part=name, version="compiled pure torch", ms=ms, peak_mib=mib))
         chosen = dict(config)
         for candidate in (sweep if args.sweep else [chosen]):
             config.clear()
             config.update(candidate)
-            ms, mib = time_ms(forward_backward(fused, inputs, *extra), args.repeats)
+            ms, mib = time_ms(fused, inputs, extra, args.repeats)
             mark = " (the file's)" if candidate == chosen else ""
             results.append(dict(part=name, version=f"kernel {candidate}{mark}", ms=ms,
                                 peak_mib=mib))

@@ -83,10 +83,11 @@ def throughput(tokens, step_ms, flops, peak_tflops):
 
 
 # Kernel families, by a part of the kernel's name; the first that matches counts.
-FAMILIES = [("matrix products", ("nvjet", "gemm", "cutlass", "splitKreduce")),
+FAMILIES = [("matrix products", ("nvjet", "gemm", "cutlass", "splitKreduce",
+                                  "relu_square_matmul")),  # the MLP's, with ReLU^2 in them
             ("FlexAttention backward", ("flex_attention_backward",)),
             ("FlexAttention forward", ("flex_attention",)),
-            ("softmax and cross-entropy", ("softmax", "nll_loss")),
+            ("softmax and cross-entropy", ("softmax", "nll_loss", "softcapped_cross_entropy")),
             ("RMS norms, with what the compiler fused into them", ("rms_norm",)),
             ("other compiled kernels", ("triton",)),
             ("copies and memsets", ("Memcpy", "Memset")),

@@ -1,6 +1,8 @@
-"""benchmarks/bench_step.py: its FLOP counts against independent ones, and a run on the CPU."""
+"""benchmarks/bench_step.py: its FLOP counts against independent ones, and a run on the CPU;
+benchmarks/bench_kernels.py, which needs a GPU, says so."""
 import gzip
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +99,11 @@ def test_gpu_timeline_counts_busy_time_gaps_families_and_ranges():
         "other compiled kernels": 1}
     assert timeline["ranges"] == {"Optimizer.step#Muon.step": [20, 4 + 6]}  # busy in [8, 28)
     assert timeline["kernels"][0] == (10, 1, "nvjet_sm90_tst_192x192")
+
+
+def test_bench_kernels_says_it_needs_a_gpu():
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_kernels.py"
+    result = subprocess.run([sys.executable, str(script)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: bench_kernels.py times GPU kernels and needs a CUDA GPU"

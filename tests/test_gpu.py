@@ -252,7 +252,7 @@ def errors_against_fp32(fns, inputs, grad_out, expected):
     return errors
 
 
-def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph():
+def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(monkeypatch):
     """A 65,536-token micro-batch against the 50,304-column head, logits reaching well into
     the cap: the kernel's loss and gradients against fp32, beside torch.compile's bf16 graph."""
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -260,7 +260,7 @@ def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_g
     weight = torch.randn(50304, 768, device="cuda", generator=generator) * 0.5
     targets = torch.randint(0, 50257, (65536,), device="cuda", generator=generator)
     x, weight = x.bfloat16(), weight.bfloat16()
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32
     loss = 0.0
     grads = [torch.zeros(x.shape, device="cuda"), torch.zeros(weight.shape, device="cuda")]
     for start in range(0, len(x), 8192):  # in fp32, 8,192 rows at a time: 1.6 GB of logits
@@ -280,22 +280,23 @@ def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_g
         assert fused < 1.5 * compiled + 1e-4, errors
 
 
-def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph():
+def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
+        monkeypatch):
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = F.rms_norm(torch.randn(65536, 768, device="cuda", generator=generator), (768,))
     w_fc = torch.randn(3072, 768, device="cuda", generator=generator) * 768 ** -0.5
     w_proj = torch.randn(768, 3072, device="cuda", generator=generator) * 3072 ** -0.5
-    grad_out = torch.randn(65536, 768, device="cuda", generator=generator) / 65536
+    grad_out = (torch.randn(65536, 768, device="cuda", generator=generator) / 65536).bfloat16()
     inputs = [t.bfloat16() for t in (x, w_fc, w_proj)]
     assert train_gpt.mlp_fits_tiles((1, 65536, 768))
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32
     leaves = [t.float().requires_grad_() for t in inputs]
     value = train_gpt.relu_square_mlp(*leaves)
-    value.backward(grad_out)
+    value.backward(grad_out.float())
     expected = (value.detach(), [t.grad for t in leaves])
     fns = {"fused": train_gpt.ReluSquareMLP.apply,
            "compiled": torch.compile(train_gpt.relu_square_mlp)}
-    errors = errors_against_fp32(fns, inputs, grad_out.bfloat16(), expected)
+    errors = errors_against_fp32(fns, inputs, grad_out, expected)
     print(errors)
     for fused, compiled in zip(errors["fused"], errors["compiled"]):
         assert fused < 1.5 * compiled + 1e-4, errors
@@ -303,19 +304,34 @@ def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_comp
 
 def test_resume_on_the_gpu_continues_like_a_run_that_never_stopped(tmp_path):
     """20 steps of the small model with a checkpoint at 10, resumed from it in a new process
-    to 20, against 20 straight steps: the same losses and the same training state."""
+    to 20, against 20 straight steps. Not bit for bit: on an H100 the compiled embedding
+    backward adds with atomics, whose order varies from run to run. So the losses must agree to
+    0.01 and each tensor of the training state to 1% of its norm; a resume that lost the
+    optimizer state or took other batches misses both by far."""
     def run(folder, *extra):
         command = [sys.executable, str(ROOT / "train_gpt.py"), *SMALL, "--num_iterations=20",
                    "--val_every=5", "--warmup_steps=2", "--checkpoint_every=10",
                    "--save_checkpoint", f"--log_dir={folder}", *extra]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout
 
     from test_checkpoints import logged_losses
-    from test_training import assert_same_state, checkpoint
+    from test_training import checkpoint
     run(tmp_path / "straight")
     run(tmp_path / "resumed", f"--resume={checkpoint(tmp_path / 'straight', 10)}")
+    straight = logged_losses(tmp_path / "straight", after=10)
     resumed = logged_losses(tmp_path / "resumed", after=10)
-    assert len(resumed) == 12 and resumed == logged_losses(tmp_path / "straight", after=10)
-    assert_same_state(checkpoint(tmp_path / "straight", 20), checkpoint(tmp_path / "resumed", 20))
+    assert list(resumed) == list(straight) and len(resumed) == 12
+    print({key: (straight[key], resumed[key]) for key in straight})
+    assert all(abs(float(resumed[key]) - float(straight[key])) < 0.01 for key in straight)
+    states = [torch.load(checkpoint(tmp_path / name, 20), weights_only=True)
+              for name in ("straight", "resumed")]
+    assert states[0]["step"] == states[1]["step"] == 20
+    assert states[0]["train_loader"] == states[1]["train_loader"]
+    for name, tensor in states[0]["model"].items():
+        assert relative_error(states[1]["model"][name], tensor) < 1e-2, name
+    for part in ("adam", "muon"):
+        for index, state in states[0][part]["state"].items():
+            for key, value in state.items():
+                if value.ndim:  # not Adam's step count
+                    assert relative_error(states[1][part]["state"][index][key], value) < 1e-2

@@ -187,6 +187,17 @@ def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, fits):
     assert mlp_fits_tiles((1, tokens, dim)) == fits
 
 
+def test_each_op_keeps_to_its_registered_schema_and_shapes():
+    """torch.library.opcheck: the schema, the fake implementation's shapes, dtypes and strides
+    against the real outputs, and the op under AOT dispatch."""
+    x, weight, targets = head_inputs(rows=16, vocab=300)
+    torch.library.opcheck(softcapped_cross_entropy, (x, weight, targets))
+    x, w_fc, w_proj = mlp_inputs()
+    pre, _ = relu_square_matmul(x, w_fc.T, None)
+    torch.library.opcheck(relu_square_matmul, (x, w_fc.T, None))
+    torch.library.opcheck(relu_square_matmul, (x, w_proj, pre))
+
+
 def test_both_kernels_compile_into_one_graph_with_the_eager_results():
     """torch.compile sees each kernel through its registered shapes: no graph break, and the
     loss and gradients of eager mode."""
