@@ -29,7 +29,7 @@ def randn(*shape, scale=1.0, seed):
     return (torch.randn(*shape, generator=generator) * scale).bfloat16().to(DEVICE)
 
 
-def within_ulps(got, expected, slack=0):
+def within_one_ulp(got, expected, slack=0):
     """Whether each element of bf16 `got` is within one bf16 spacing of `expected`, taken at
     the larger of the two magnitudes, plus `slack` (the fp32 arithmetic's own error)."""
     magnitude = torch.maximum(got.double().abs(), expected.double().abs()).clamp(min=1e-30)
@@ -66,7 +66,7 @@ def test_softcapped_cross_entropy_gives_the_loss_and_each_logits_gradient():
     assert abs(loss.item() - expected.item()) < 1e-6 * expected.item()
     assert grad_logits.dtype == torch.bfloat16 and grad_logits.shape == logits.shape
     # exp and log in fp32 are exact to about 1e-6 relative, over the row's whole range
-    assert within_ulps(grad_logits, logits.grad, slack=1e-5 * logits.grad.abs())
+    assert within_one_ulp(grad_logits, logits.grad, slack=1e-5 * logits.grad.abs())
 
 
 def softcapped_cross_entropy_exactly(x, weight, targets):
@@ -122,8 +122,8 @@ def test_relu_square_matmul_forward_writes_the_product_and_its_relu_squared():
     assert mlp_fits_tiles((1, MLP_SHAPE['tokens'], MLP_SHAPE['dim']))
     pre, h = relu_square_matmul(x, w_fc.T, None)  # w_fc.T: a transposed view, as the MLP passes
     exact = x.double() @ w_fc.double().T
-    assert within_ulps(pre, exact, slack=fp32_sum_error(x, w_fc.T))
-    assert within_ulps(h, F.relu(pre.double()).square())  # from the rounded product, as torch
+    assert within_one_ulp(pre, exact, slack=fp32_sum_error(x, w_fc.T))
+    assert within_one_ulp(h, F.relu(pre.double()).square())  # from the rounded product, as torch
     assert (pre < 0).any() and (pre > 0).any()
 
 
@@ -139,7 +139,7 @@ def test_relu_square_matmul_backward_multiplies_by_twice_the_relu():
     # 2^-7 of the value, an ulp at the most
     error = (grad_pre.double() - expected).abs()
     assert (error <= 2 * 2.0 ** -7 * expected.abs() + slack).all()
-    assert within_ulps(h, F.relu(pre.double()).square())
+    assert within_one_ulp(h, F.relu(pre.double()).square())
     assert (grad_pre == 0).float().mean() > 0.3  # where pre < 0
 
 
