@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import train_gpt
+from test_kernels import relative_error
 from test_model import perturbed, random_documents
 from test_muon import with_singular_values
 from train_gpt import (GPT, DistributedDataLoader, Muon, build_block_mask,
@@ -29,10 +30,6 @@ SAMPLE = ROOT / "data" / "shakespeare"
 SMALL = [f"--train_files={SAMPLE}/shakespeare_train_*.bin",
          f"--val_files={SAMPLE}/shakespeare_val_*.bin", "--num_layers=4", "--num_heads=2",
          "--model_dim=256", "--batch_size=8192", "--micro_batch_size=4096", "--val_tokens=8192"]
-
-
-def relative_error(got, expected):
-    return ((got.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-3), (torch.bfloat16, 2e-2)])
