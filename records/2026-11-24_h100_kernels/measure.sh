@@ -7,7 +7,8 @@
 #   2: each kernel against the compiled graph it replaces, its launch configuration swept; the
 #      step (one 65,536-token micro-batch per step) of BEFORE, of this script, and of this
 #      script with the mask's two lookups, each with a cold compile cache; then BEFORE and this
-#      script again, warm: the spread of each side.
+#      script again, warm: the spread of each side; and, warm, this script with Muon applying
+#      each update of one process in place (its optimizer time against the warm run before).
 #   3: the step of this script without the MLP kernel (the head kernel alone), cold; then
 #      benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and their
 #      train losses.
@@ -22,14 +23,13 @@ synthetic=data/synthetic
 [ -f $synthetic/synthetic_train_000001.bin ] || $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
 data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/synthetic_val_*.bin")
 
-variant() {  # NAME FILE [OLD NEW]: a tree at /tmp/NAME, with FILE as its train_gpt.py (OLD -> NEW)
+variant() {  # NAME FILE [OLD NEW]...: a tree at /tmp/NAME, FILE its train_gpt.py, each OLD -> NEW
     mkdir -p /tmp/$1/benchmarks && cp benchmarks/*.py /tmp/$1/benchmarks/
     $py - "$2" "/tmp/$1/train_gpt.py" "${@:3}" <<'PY' || exit 1
 import sys
-source, path, *change = sys.argv[1:]
+source, path, *changes = sys.argv[1:]
 text = open(source).read()
-if change:
-    old, new = change
+for old, new in zip(changes[::2], changes[1::2]):
     if text.count(old) != 1:
         sys.exit(f"{path}: the text to replace is not in {source} once: {old!r}")
     text = text.replace(old, new)
@@ -40,6 +40,15 @@ variant before "$before_file"
 variant head_only train_gpt.py "ReluSquareMLP.apply if x.is_cuda and" "ReluSquareMLP.apply if False and"
 variant two_lookups train_gpt.py "return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)" \
     "return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])"  # the mask_mod of BEFORE
+variant muon_in_place train_gpt.py "def apply(handle, chunk):" "def apply(handle, chunk, updates):" \
+    "zip(chunk, rows):" "zip(chunk, updates):" \
+    "                if self.world_size == 1:
+                    rows[0].copy_(update)
+                    pending = (None, chunk)
+                else:
+                    pending = (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk)" \
+    "                pending = ((None, chunk, [update]) if self.world_size == 1 else
+                           (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk, rows))"
 
 bench() {  # NAME TREE CACHE: one micro-batch per step, 50 timed steps
     echo "== bench_step $1"
@@ -59,6 +68,7 @@ if [ "$part" = 2 ]; then
     bench two_lookups_cold /tmp/two_lookups /tmp/cold_two_lookups
     bench before_warm /tmp/before /tmp/cold_before
     bench after_warm . /tmp/cold_after
+    bench muon_in_place_warm /tmp/muon_in_place /tmp/cold_after  # only Muon differs from after
 fi
 if [ "$part" = 3 ]; then
     bench head_only_cold /tmp/head_only /tmp/cold_head_only
