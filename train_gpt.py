@@ -1281,17 +1281,18 @@ class HeadLoss(torch.autograd.Function):
 @torch.library.custom_op("speedrun::softcapped_cross_entropy", mutates_args=())
 def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean loss, its gradient over the logits x weight^T)."""
-    logits = x @ weight.T
-    losses = torch.empty(len(x), dtype=torch.float32, device=x.device)
-    softcapped_cross_entropy_kernel[(len(x),)](logits, targets, losses, 1 / len(x),
-                                               logits.size(1), SOFTCAP, **HEAD_LOSS_CONFIG)
+    """(mean loss, its gradient over the logits x weight^T). Every target is a column of the
+    logits: there is no ignored index."""
+    logits, rows = x @ weight.T, x.size(0)
+    losses = torch.empty(rows, dtype=torch.float32, device=x.device)
+    softcapped_cross_entropy_kernel[(rows,)](logits, targets.contiguous(), losses, 1 / rows,
+                                             logits.size(1), SOFTCAP, **HEAD_LOSS_CONFIG)
     return losses.mean(), logits
 
 
 @softcapped_cross_entropy.register_fake
 def _(x, weight, targets):
-    return x.new_empty((), dtype=torch.float32), x.new_empty(len(x), len(weight))
+    return x.new_empty((), dtype=torch.float32), x.new_empty(x.size(0), weight.size(0))
 
 
 
@@ -1322,8 +1323,11 @@ class ReluSquareMLP(torch.autograd.Function):
 def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """With `pre` None: (a b, relu(a b)^2). Given `pre`: (a b * 2 relu(pre), relu(pre)^2)."""
-    a = a.contiguous()
     (M, K), N = a.shape, b.size(1)
+    if N != 4 * K or not mlp_fits_tiles((1, M, K)):
+        raise ValueError(f"relu_square_matmul: a {M} x {K} by {K} x {N} product is not one of an "
+                         "MLP that splits into the kernel's whole tiles")
+    a, pre = a.contiguous(), None if pre is None else pre.contiguous()
     out, h = a.new_empty(M, N), a.new_empty(M, N)
     config = RELU_SQUARE_CONFIG
     grid = (M // config["BLOCK_M"] * (N // config["BLOCK_N"]),)
@@ -1336,7 +1340,7 @@ def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[to
 
 @relu_square_matmul.register_fake
 def _(a, b, pre):
-    return a.new_empty(len(a), b.size(1)), a.new_empty(len(a), b.size(1))
+    return a.new_empty(a.size(0), b.size(1)), a.new_empty(a.size(0), b.size(1))
 
 
 def mlp_fits_tiles(shape):

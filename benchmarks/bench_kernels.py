@@ -79,26 +79,28 @@ def main():
              ("mlp", train_gpt.relu_square_mlp, train_gpt.ReluSquareMLP.apply, [x, w_fc, w_proj],
               [], train_gpt.RELU_SQUARE_CONFIG, MLP_SWEEP)]
     results = []
+
+    def record(**row):  # each row as it comes: a crash or a timeout keeps the rows before it
+        results.append(row)
+        print(f"{row['part']:<6}{row['ms']:>9.3f}{row['peak_mib']:>10.0f}  {row['version']}",
+              flush=True)
+        Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
+                                                   torch=torch.__version__, results=results),
+                                              indent=1))
+
+    print(f"{'part':<6}{'ms':>9}{'peak MiB':>10}  version")
     for name, reference, fused, inputs, extra, config, sweep in cases:
-        compiled = torch.compile(reference)
-        ms, mib = time_ms(compiled, inputs, extra, args.repeats)
-        results.append(dict(part=name, version="compiled pure torch", ms=ms, peak_mib=mib))
+        ms, mib = time_ms(torch.compile(reference), inputs, extra, args.repeats)
+        record(part=name, version="compiled pure torch", ms=ms, peak_mib=mib)
         chosen = dict(config)
         for candidate in (sweep if args.sweep else [chosen]):
             config.clear()
             config.update(candidate)
             ms, mib = time_ms(fused, inputs, extra, args.repeats)
             mark = " (the file's)" if candidate == chosen else ""
-            results.append(dict(part=name, version=f"kernel {candidate}{mark}", ms=ms,
-                                peak_mib=mib))
+            record(part=name, version=f"kernel {candidate}{mark}", ms=ms, peak_mib=mib)
         config.clear()
         config.update(chosen)
-    print(f"{'part':<6}{'ms':>9}{'peak MiB':>10}  version")
-    for row in results:
-        print(f"{row['part']:<6}{row['ms']:>9.3f}{row['peak_mib']:>10.0f}  {row['version']}")
-    Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(),
-                                               torch=torch.__version__, results=results),
-                                          indent=1))
 
 
 if __name__ == "__main__":

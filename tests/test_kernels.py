@@ -69,6 +69,14 @@ def test_softcapped_cross_entropy_gives_the_loss_and_each_logits_gradient():
     assert within_one_ulp(grad_logits, logits.grad, slack=1e-5 * logits.grad.abs())
 
 
+def test_softcapped_cross_entropy_reads_targets_of_any_stride():
+    x, weight, targets = head_inputs()
+    every_other = torch.stack([targets, torch.zeros_like(targets)], dim=1)[:, 0]
+    assert not every_other.is_contiguous()
+    assert softcapped_cross_entropy(x, weight, every_other)[0] == \
+        softcapped_cross_entropy(x, weight, targets)[0]
+
+
 def softcapped_cross_entropy_exactly(x, weight, targets):
     """What the op returns, from torch's autograd: (mean loss, its gradient over the logits)."""
     with torch.enable_grad():  # autograd.Function.forward runs without
@@ -185,6 +193,13 @@ def test_relu_square_mlp_kernel_in_bf16_is_about_as_close_to_fp64_as_torch():
                                                (4000, 256, False)])
 def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, fits):
     assert mlp_fits_tiles((1, tokens, dim)) == fits
+
+
+@pytest.mark.parametrize("tokens, hidden", [(1200, 512), (1280, 256)])  # rows; N = 2 K
+def test_the_mlp_kernel_refuses_a_product_it_cannot_tile(tokens, hidden):
+    x, w_fc, _ = mlp_inputs()
+    with pytest.raises(ValueError, match=f"{tokens} x 128 by 128 x {hidden} product is not"):
+        relu_square_matmul(x[:tokens], w_fc[:hidden].T, None)
 
 
 def test_each_op_keeps_to_its_registered_schema_and_shapes():
