@@ -1295,7 +1295,6 @@ def _(x, weight, targets):
     return x.new_empty((), dtype=torch.float32), x.new_empty(x.size(0), weight.size(0))
 
 
-
 def relu_square_mlp(x, w_fc, w_proj):
     """The MLP: relu(x w_fc^T)^2 w_proj^T."""
     return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)
