@@ -302,9 +302,11 @@ def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_comp
 def test_resume_on_the_gpu_continues_like_a_run_that_never_stopped(tmp_path):
     """20 steps of the small model with a checkpoint at 10, resumed from it in a new process
     to 20, against 20 straight steps. Not bit for bit: on an H100 the compiled embedding
-    backward adds with atomics, whose order varies from run to run. So the losses must agree to
-    0.01 and each tensor of the training state to 1% of its norm; a resume that lost the
-    optimizer state or took other batches misses both by far."""
+    backward adds with atomics, whose order varies from run to run, and a second straight run
+    measures how far that alone takes the training state. On an H100 the resumed losses
+    matched to 1e-4, and one zero-initialised matrix, all Muon updates, differed by 1.8%: a
+    fixed 1% tolerance was no measure. A resume that lost the optimizer state or took other
+    batches misses the losses by far more than 0.01."""
     def run(folder, *extra):
         command = [sys.executable, str(ROOT / "train_gpt.py"), *SMALL, "--num_iterations=20",
                    "--val_every=5", "--warmup_steps=2", "--checkpoint_every=10",
@@ -315,20 +317,31 @@ def test_resume_on_the_gpu_continues_like_a_run_that_never_stopped(tmp_path):
     from test_checkpoints import logged_losses
     from test_training import checkpoint
     run(tmp_path / "straight")
+    run(tmp_path / "again")
     run(tmp_path / "resumed", f"--resume={checkpoint(tmp_path / 'straight', 10)}")
     straight = logged_losses(tmp_path / "straight", after=10)
     resumed = logged_losses(tmp_path / "resumed", after=10)
     assert list(resumed) == list(straight) and len(resumed) == 12
     print({key: (straight[key], resumed[key]) for key in straight})
     assert all(abs(float(resumed[key]) - float(straight[key])) < 0.01 for key in straight)
-    states = [torch.load(checkpoint(tmp_path / name, 20), weights_only=True)
-              for name in ("straight", "resumed")]
-    assert states[0]["step"] == states[1]["step"] == 20
-    assert states[0]["train_loader"] == states[1]["train_loader"]
-    for name, tensor in states[0]["model"].items():
-        assert relative_error(states[1]["model"][name], tensor) < 1e-2, name
+    straight, again, resumed = [torch.load(checkpoint(tmp_path / name, 20), weights_only=True)
+                                for name in ("straight", "again", "resumed")]
+    assert straight["step"] == resumed["step"] == 20
+    assert straight["train_loader"] == resumed["train_loader"]
+
+    def within_run_to_run(get):
+        """The resumed tensor is no further from the straight run's than a second straight run
+        is (three times that, and 1e-3: the resumed run diverges over 10 steps, not 20)."""
+        error, spread = (relative_error(get(other), get(straight)) for other in (resumed, again))
+        return error <= 3 * spread + 1e-3, (error, spread)
+
+    for name in straight["model"]:
+        ok, errors = within_run_to_run(lambda run_state: run_state["model"][name])
+        assert ok, (name, errors)
     for part in ("adam", "muon"):
-        for index, state in states[0][part]["state"].items():
+        for index, state in straight[part]["state"].items():
             for key, value in state.items():
                 if value.ndim:  # not Adam's step count
-                    assert relative_error(states[1][part]["state"][index][key], value) < 1e-2
+                    ok, errors = within_run_to_run(
+                        lambda run_state: run_state[part]["state"][index][key])
+                    assert ok, (part, index, key, errors)
