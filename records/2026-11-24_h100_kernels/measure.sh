@@ -10,8 +10,9 @@
 #      script's cache, three variants of it: without the MLP kernel (the head kernel alone),
 #      with the mask's two lookups of BEFORE, and with Muon applying each update of one process
 #      in place.
-#   3: benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and their
-#      train losses.
+#   3: the GPU tests of the kernels at the real shapes and of resume (part 1 had not reached
+#      them); benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and
+#      their train losses.
 # A machine goes back 30 s after a call: each part runs on a bare one too, if more slowly.
 set -uo pipefail
 part=$1 out=$2 before_file=$3
@@ -79,6 +80,8 @@ if [ "$part" = 2 ]; then
     bench muon_in_place /tmp/muon_in_place /tmp/cold_after
 fi
 if [ "$part" = 3 ]; then
+    timeout -s INT 140 $py -m pytest -q -x tests/test_gpu.py -k "fused or resume" 2>&1 |
+        tee "$out/test_gpu_kernels.txt" | tail -15
     rm -rf /tmp/compare /tmp/cold_compare
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time
     TORCHINDUCTOR_CACHE_DIR=/tmp/cold_compare timeout 450 $py benchmarks/compare.py \
