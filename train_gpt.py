@@ -1366,8 +1366,8 @@ if triton is not None:
     def softcapped_cross_entropy_kernel(logits_ptr, targets_ptr, losses_ptr, scale,
                                         num_columns: tl.constexpr, softcap: tl.constexpr,
                                         BLOCK: tl.constexpr):
-        """One row of logits z: the loss of c = softcap * tanh(z / softcap), and over z,
-        scale * d loss / d z = scale * (softmax(c) - onehot(target)) * tanh'(z / softcap).
+        """One row of logits z: stores the loss of c = softcap * tanh(z / softcap), and writes
+        over z scale * d loss / d z = scale * (softmax(c) - onehot(target)) * tanh'(z / softcap).
 
         As |c| < softcap, exp(c) can neither overflow nor vanish: the sum needs no running max."""
         row = tl.program_id(0).to(tl.int64)

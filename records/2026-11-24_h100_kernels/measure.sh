@@ -61,9 +61,10 @@ bench() {  # NAME TREE CACHE: one micro-batch per step, 50 timed steps; NAME *_c
 if [ "$part" = 1 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     $py -c "import torch, triton, numpy, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-    # SIGINT, not SIGTERM: pytest still reports the failures it has when the time is up
+    # SIGINT, not SIGTERM: pytest still reports the failures it has when the time is up; and a
+    # kill 20 s later, since once it hung on its way out
     per_test=$($py -c "import pytest_timeout" 2>/dev/null && echo --timeout=240)
-    timeout -s INT 450 $py -m pytest -q -s $per_test --durations=15 tests/test_kernels.py \
+    timeout -k 20 -s INT 450 $py -m pytest -q -s $per_test --durations=15 tests/test_kernels.py \
         tests/test_gpu.py 2>&1 | tee "$out/test_gpu.txt" | tail -40
     rm -rf /tmp/smoke
     timeout 80 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke 2>&1 | tee "$out/smoke.txt" | grep -E "val_loss|peak"
@@ -80,7 +81,7 @@ if [ "$part" = 2 ]; then
     bench muon_in_place /tmp/muon_in_place /tmp/cold_after
 fi
 if [ "$part" = 3 ]; then
-    timeout -s INT 140 $py -m pytest -q -x tests/test_gpu.py -k "fused or resume" 2>&1 |
+    timeout -k 20 -s INT 200 $py -m pytest -q -x tests/test_gpu.py -k "fused or resume" 2>&1 |
         tee "$out/test_gpu_kernels.txt" | tail -15
     rm -rf /tmp/compare /tmp/cold_compare
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time
