@@ -1241,7 +1241,8 @@ def load_checkpoint(path, args, world_size):
 # Each computes what the pure-torch function beside it computes, which the CPU path runs and the
 # tests compare it with: on a GPU, and on a CPU through Triton's interpreter (TRITON_INTERPRET=1).
 # A kernel is a custom op, which torch.compile calls as it is; an autograd.Function around it
-# says how it differentiates.
+# says how it differentiates. Not the op's register_autograd: AOTAutograd's cache would then key
+# on the op alone and serve the backward from before an edit of it; a Function bypasses it.
 
 try:  # Triton comes with PyTorch's CUDA builds
     import triton
