@@ -1,4 +1,4 @@
-"""Why a warm-cache compile takes longer with the kernels: AOTAutograd's cache and autograd.Function.
+"""Why a warm-cache compile takes longer with the kernels: AOTAutograd's cache and a Function.
 
     python records/2026-11-24_h100_kernels/cache_probe.py
 
