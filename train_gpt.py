@@ -1251,7 +1251,7 @@ except ImportError:  # a CPU-only build, which runs the pure-torch computations
     triton = None
 
 SOFTCAP = 15  # the logits lie in (-15, 15)
-HEAD_LOSS_CONFIG = dict(BLOCK=2048, ROWS_PER_PROGRAM=1, num_warps=8)  # columns at a time
+HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=8)  # columns per iteration, warps per row
 RELU_SQUARE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8,
                           num_stages=3)  # tile, row tiles per group, launch
 
@@ -1286,9 +1286,8 @@ def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: tor
     logits: there is no ignored index."""
     logits, rows = x @ weight.T, x.size(0)
     losses = torch.empty(rows, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(rows, HEAD_LOSS_CONFIG["ROWS_PER_PROGRAM"]),)
-    softcapped_cross_entropy_kernel[grid](logits, targets.contiguous(), losses, 1 / rows, rows,
-                                          logits.size(1), SOFTCAP, **HEAD_LOSS_CONFIG)
+    softcapped_cross_entropy_kernel[(rows,)](logits, targets.contiguous(), losses, 1 / rows,
+                                             logits.size(1), SOFTCAP, **HEAD_LOSS_CONFIG)
     return losses.mean(), logits
 
 
@@ -1365,44 +1364,33 @@ if triton is not None:
         return tl.where(x < 0, -tanh, tanh), 4 * e * r * r
 
     @triton.jit
-    def softcapped_cross_entropy_row(row_ptr, target, scale, num_columns: tl.constexpr,
-                                     softcap: tl.constexpr, BLOCK: tl.constexpr):
-        """One row of logits z: returns the loss of c = softcap * tanh(z / softcap), and
-        writes over z scale * d loss / d z = scale * (softmax(c) - onehot(target)) * tanh'(z /
-        softcap). As |c| < softcap, exp(c) can neither overflow nor vanish: the sum needs no
-        running max."""
+    def softcapped_cross_entropy_kernel(logits_ptr, targets_ptr, losses_ptr, scale,
+                                        num_columns: tl.constexpr, softcap: tl.constexpr,
+                                        BLOCK: tl.constexpr):
+        """One row of logits z: stores the loss of c = softcap * tanh(z / softcap), and writes
+        over z scale * d loss / d z = scale * (softmax(c) - onehot(target)) * tanh'(z / softcap).
+
+        As |c| < softcap, exp(c) can neither overflow nor vanish: the sum needs no running max."""
+        row = tl.program_id(0).to(tl.int64)
+        logits_ptr += row * num_columns
         sum_exp = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, num_columns, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            z = tl.load(row_ptr + cols, mask=cols < num_columns, other=0).to(tl.float32)
+            z = tl.load(logits_ptr + cols, mask=cols < num_columns, other=0).to(tl.float32)
             tanh, _ = tanh_and_slope(z * (1 / softcap))
             sum_exp += tl.where(cols < num_columns, tl.exp(softcap * tanh), 0)
         log_sum_exp = tl.log(tl.sum(sum_exp, axis=0))
-        tanh_target, _ = tanh_and_slope(tl.load(row_ptr + target).to(tl.float32) * (1 / softcap))
-        loss = log_sum_exp - softcap * tanh_target  # before the gradient overwrites z
+        target = tl.load(targets_ptr + row)
+        z_target = tl.load(logits_ptr + target).to(tl.float32)
+        tanh_target, _ = tanh_and_slope(z_target * (1 / softcap))
+        tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)
         for start in range(0, num_columns, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            z = tl.load(row_ptr + cols, mask=cols < num_columns, other=0).to(tl.float32)
+            z = tl.load(logits_ptr + cols, mask=cols < num_columns, other=0).to(tl.float32)
             tanh, slope = tanh_and_slope(z * (1 / softcap))
             grad = tl.exp(softcap * tanh - log_sum_exp) - tl.where(cols == target, 1.0, 0.0)
-            tl.store(row_ptr + cols, (grad * slope * scale).to(row_ptr.dtype.element_ty),
+            tl.store(logits_ptr + cols, (grad * slope * scale).to(logits_ptr.dtype.element_ty),
                      mask=cols < num_columns)
-        return loss
-
-    @triton.jit
-    def softcapped_cross_entropy_kernel(logits_ptr, targets_ptr, losses_ptr, scale, num_rows,
-                                        num_columns: tl.constexpr, softcap: tl.constexpr,
-                                        BLOCK: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr):
-        """The rows of program p: p, p + the number of programs, ... Each row is read twice;
-        with fewer programs than rows, fewer rows are in flight at once, and the second read
-        may find its row in the L2 cache."""
-        for i in range(0, ROWS_PER_PROGRAM):
-            row = (tl.program_id(0) + i * tl.num_programs(0)).to(tl.int64)
-            if row < num_rows:
-                loss = softcapped_cross_entropy_row(logits_ptr + row * num_columns,
-                                                    tl.load(targets_ptr + row), scale,
-                                                    num_columns, softcap, BLOCK)
-                tl.store(losses_ptr + row, loss)
 
     @triton.jit
     def relu_square_matmul_kernel(a_ptr, b_ptr, pre_ptr, out_ptr, h_ptr, M, N: tl.constexpr,

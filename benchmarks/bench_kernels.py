@@ -21,13 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt  # noqa: E402
 
 TOKENS, DIM, VOCAB = 65536, 768, 50304
-# One program per row, then fewer, each looping over rows: 2 to 8 programs per SM of an H100
-# (ROWS_PER_PROGRAM 248 to 62 of 65,536 rows), as many as the registers let run at once.
-HEAD_SWEEP = [dict(BLOCK=block, ROWS_PER_PROGRAM=rows, num_warps=warps)
-              for block, rows, warps in [(1024, 1, 4), (2048, 1, 4), (2048, 1, 8), (4096, 1, 8),
-                                         (4096, 1, 16), (8192, 1, 16), (2048, 62, 8),
-                                         (2048, 124, 8), (4096, 124, 8), (4096, 248, 8),
-                                         (8192, 248, 16)]]
+HEAD_SWEEP = [dict(BLOCK=block, num_warps=warps) for block, warps in
+              [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]]
 MLP_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
              for m, n, warps, stages in [(128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4),
                                          (128, 128, 4, 4), (256, 128, 8, 3), (64, 256, 4, 4)]]

@@ -40,17 +40,13 @@ def compile_for_h100(kernel, types, constants, launch):
 
 
 def main():
-    head = dict(train_gpt.HEAD_LOSS_CONFIG)
-    launch = dict(num_warps=head.pop("num_warps"))
-    results = {}
-    for name, rows_per_program in [("head", head["ROWS_PER_PROGRAM"]), ("head_looping", 248)]:
-        results[name] = compile_for_h100(  # 248 rows each: two programs per SM at 65,536 rows
-            train_gpt.softcapped_cross_entropy_kernel,
-            dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32", scale="fp32",
-                 num_rows="i32:16", num_columns="i32", softcap="i32", BLOCK="i32",
-                 ROWS_PER_PROGRAM="i32"),
-            dict(num_columns=50304, softcap=train_gpt.SOFTCAP, BLOCK=head["BLOCK"],
-                 ROWS_PER_PROGRAM=rows_per_program), launch)
+    head = train_gpt.HEAD_LOSS_CONFIG
+    results = dict(head=compile_for_h100(
+        train_gpt.softcapped_cross_entropy_kernel,
+        dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32", scale="fp32",
+             num_columns="i32", softcap="i32", BLOCK="i32"),
+        dict(num_columns=50304, softcap=train_gpt.SOFTCAP, BLOCK=head["BLOCK"]),
+        dict(num_warps=head["num_warps"])))
     mlp = dict(train_gpt.RELU_SQUARE_CONFIG)
     launch = dict(num_warps=mlp.pop("num_warps"), num_stages=mlp.pop("num_stages"))
     types = dict(a_ptr="*bf16", b_ptr="*bf16", pre_ptr="*bf16", out_ptr="*bf16", h_ptr="*bf16",
