@@ -1251,9 +1251,9 @@ except ImportError:  # a CPU-only build, which runs the pure-torch computations
     triton = None
 
 SOFTCAP = 15  # the logits lie in (-15, 15)
-HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=8)  # columns per iteration, warps per row
+HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=4)  # columns per iteration, warps per row
 RELU_SQUARE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8,
-                          num_stages=3)  # tile, row tiles per group, launch
+                          num_stages=4)  # tile, row tiles per group, launch
 
 
 def head_loss(x, weight, targets):
