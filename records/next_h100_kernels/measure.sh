@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The second session of the kernels on one GPU: `bash measure.sh PART OUT BEFORE` from the
+# repository root, where BEFORE is a copy of main's train_gpt.py (the device gets no .git: make it
+# here with `git show main:train_gpt.py > before_train_gpt.py`, untracked and not ignored, so that
+# it travels). This script is the branch: the head kernel without its loop over rows, at 4 warps,
+# and the MLP's products at 4 pipeline stages. Each part fits one device call (10 minutes):
+#   1: versions; tests/test_gpu.py on its own (a traceback of every thread if a test passes 150 s);
+#      the smoke run, whose val losses the CPU's must match within 0.05.
+#   2: the kernels against the compiled graphs they replace, launch configurations swept; the
+#      step (one 65,536-token micro-batch) of BEFORE and of this script, each cold then warm: the
+#      spread of each side; then, on this script's warm cache, three variants that each differ
+#      from it in one thing: the head kernel at 8 warps, the MLP at 3 stages (as on main), Muon
+#      applying one process's updates in place.
+#   3: benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and their
+#      train losses; with HEAD="BLOCK=..., num_warps=..." set, the step of this script with that
+#      head configuration, cold; then the kernel tests, and the Newton-Schulz GPU test in the same
+#      process (after them it hung once: a traceback of every thread at 120 s).
+set -uo pipefail
+part=$1 out=$2 before_file=$3
+[ -s "$before_file" ] || { echo "$before_file: no such file, or empty"; exit 1; }
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=$(command -v python3 || command -v python)
+synthetic=data/synthetic  # parts 2 and 3; part 1 trains on the Shakespeare sample
+[ "$part" = 1 ] || [ -f $synthetic/synthetic_train_000001.bin ] ||
+    $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
+data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/synthetic_val_*.bin")
+
+variant() {  # NAME FILE [OLD NEW]...: a tree at /tmp/NAME, FILE its train_gpt.py, each OLD -> NEW
+    mkdir -p /tmp/$1/benchmarks && cp benchmarks/*.py /tmp/$1/benchmarks/
+    $py - "$2" "/tmp/$1/train_gpt.py" "${@:3}" <<'PY' || exit 1
+import sys
+source, path, *changes = sys.argv[1:]
+text = open(source).read()
+for old, new in zip(changes[::2], changes[1::2]):
+    if text.count(old) != 1:
+        sys.exit(f"{path}: the text to replace is not in {source} once: {old!r}")
+    text = text.replace(old, new)
+open(path, "w").write(text)
+PY
+}
+head_config="HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=4)"
+variant before "$before_file"
+variant head_8_warps train_gpt.py "$head_config" "${head_config/num_warps=4/num_warps=8}"
+variant mlp_3_stages train_gpt.py "num_stages=4)  # tile" "num_stages=3)  # tile"
+variant muon_in_place train_gpt.py "def apply(handle, chunk):" "def apply(handle, chunk, updates):" \
+    "zip(chunk, rows):" "zip(chunk, updates):" \
+    "                if self.world_size == 1:
+                    rows[0].copy_(update)
+                    pending = (None, chunk)
+                else:
+                    pending = (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk)" \
+    "                pending = ((None, chunk, [update]) if self.world_size == 1 else
+                           (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk, rows))"
+[ -n "${HEAD:-}" ] && variant head_swept train_gpt.py "$head_config" "HEAD_LOSS_CONFIG = dict($HEAD)"
+
+bench() {  # NAME TREE CACHE: one micro-batch per step, 50 timed steps; NAME *_cold: CACHE emptied
+    echo "== bench_step $1"
+    [[ $1 == *_cold ]] && rm -rf "$3"
+    TORCHINDUCTOR_CACHE_DIR=$3 timeout 200 $py "$2/benchmarks/bench_step.py" "${data[@]}" \
+        --batch_size=65536 --steps=50 --json="$out/bench_$1.json" | tail -12
+}
+# SIGINT, not SIGTERM: pytest still reports what it has when the time is up; a kill 20 s later
+pytest() { local limit=$1; shift; timeout -k 20 -s INT "$limit" $py -m pytest -q "$@"; }
+if [ "$part" = 1 ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    $py -c "import torch, triton, numpy, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+    pytest 430 -o faulthandler_timeout=150 --durations=20 tests/test_gpu.py 2>&1 |
+        tee "$out/test_gpu.txt" | tail -40
+    rm -rf /tmp/smoke
+    timeout 90 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke 2>&1 | tee "$out/smoke.txt" |
+        grep -E "val_loss|peak"
+fi
+if [ "$part" = 2 ]; then
+    timeout 150 $py benchmarks/bench_kernels.py --sweep --json="$out/bench_kernels.json"
+    bench before_cold /tmp/before /tmp/cold_before
+    bench after_cold . /tmp/cold_after
+    bench before_warm /tmp/before /tmp/cold_before
+    bench after_warm . /tmp/cold_after
+    # a launch configuration or the optimizer: the compiled model is this script's, from its cache
+    bench head_8_warps /tmp/head_8_warps /tmp/cold_after
+    bench mlp_3_stages /tmp/mlp_3_stages /tmp/cold_after
+    bench muon_in_place /tmp/muon_in_place /tmp/cold_after
+fi
+if [ "$part" = 3 ]; then
+    rm -rf /tmp/compare /tmp/cold_compare
+    # 10 validation micro-batches, not 160: the final validation is no part of a step's time
+    TORCHINDUCTOR_CACHE_DIR=/tmp/cold_compare timeout 380 $py benchmarks/compare.py \
+        /tmp/before/train_gpt.py train_gpt.py --runs=2 --out=/tmp/compare -- "${data[@]}" \
+        --batch_size=65536 --num_iterations=100 --val_every=0 --val_tokens=655360 2>&1 | tail -15
+    cp /tmp/compare/compare.json "$out/compare.json"
+    for log in $(ls /tmp/compare/*/*.txt | grep -v output.txt); do
+        echo "$log: $(grep -oE '^step:(25|50|75|100)/100 .*train_loss:[0-9.]+' "$log" | tr '\n' ' ')"
+    done
+    [ -n "${HEAD:-}" ] && bench head_swept_cold /tmp/head_swept /tmp/cold_head_swept
+    pytest 200 -o faulthandler_timeout=120 --durations=5 tests/test_kernels.py tests/test_gpu.py \
+        -k "test_kernels or newton_schulz_on_the_gpu" 2>&1 | tee "$out/test_kernels_then_ns.txt" |
+        tail -30
+fi
