@@ -13,8 +13,9 @@
 #      applying one process's updates in place.
 #   3: benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and their
 #      train losses; with HEAD="BLOCK=..., num_warps=..." set, the step of this script with that
-#      head configuration, cold; then the kernel tests, and the Newton-Schulz GPU test in the same
-#      process (after them it hung once: a traceback of every thread at 120 s).
+#      head configuration, cold, and the GPU test of the head at the real shape with it; then the
+#      kernel tests, and the Newton-Schulz GPU test in the same process (after them it hung once:
+#      a traceback of every thread at 100 s).
 set -uo pipefail
 part=$1 out=$2 before_file=$3
 [ -s "$before_file" ] || { echo "$before_file: no such file, or empty"; exit 1; }
@@ -92,8 +93,13 @@ if [ "$part" = 3 ]; then
     for log in $(ls /tmp/compare/*/*.txt | grep -v output.txt); do
         echo "$log: $(grep -oE '^step:(25|50|75|100)/100 .*train_loss:[0-9.]+' "$log" | tr '\n' ' ')"
     done
-    [ -n "${HEAD:-}" ] && bench head_swept_cold /tmp/head_swept /tmp/cold_head_swept
-    pytest 200 -o faulthandler_timeout=120 --durations=5 tests/test_kernels.py tests/test_gpu.py \
+    if [ -n "${HEAD:-}" ]; then
+        bench head_swept_cold /tmp/head_swept /tmp/cold_head_swept
+        cp -r tests pytest.ini /tmp/head_swept/  # the head at the real shape, with HEAD's setting
+        (cd /tmp/head_swept && pytest 100 tests/test_gpu.py -k fused_head 2>&1 |
+            tee "$out/test_head_swept.txt" | tail -5)
+    fi
+    pytest 150 -o faulthandler_timeout=100 --durations=5 tests/test_kernels.py tests/test_gpu.py \
         -k "test_kernels or newton_schulz_on_the_gpu" 2>&1 | tee "$out/test_kernels_then_ns.txt" |
         tail -30
 fi
