@@ -4,18 +4,19 @@
 # here with `git show main:train_gpt.py > before_train_gpt.py`, untracked and not ignored, so that
 # it travels). This script is the branch: the head kernel without its loop over rows, at 4 warps,
 # and the MLP's products at 4 pipeline stages. Each part fits one device call (10 minutes):
-#   1: versions; tests/test_gpu.py on its own (a traceback of every thread if a test passes 150 s);
-#      the smoke run, whose val losses the CPU's must match within 0.05.
-#   2: the kernels against the compiled graphs they replace, launch configurations swept; the
-#      step (one 65,536-token micro-batch) of BEFORE and of this script, each cold then warm: the
+#   1: versions; tests/test_gpu.py on its own (a traceback of every thread if a test passes 150 s;
+#      on main before the kernels its 11 tests took 242 s, and 3 more have come since).
+#   2: the kernels against the compiled graphs they replace, launch configurations swept; the step
+#      (one 65,536-token micro-batch) of BEFORE and of this script, each cold then warm: the
 #      spread of each side; then, on this script's warm cache, three variants that each differ
 #      from it in one thing: the head kernel at 8 warps, the MLP at 3 stages (as on main), Muon
 #      applying one process's updates in place.
 #   3: benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and their
-#      train losses; with HEAD="BLOCK=..., num_warps=..." set, the step of this script with that
-#      head configuration, cold, and the GPU test of the head at the real shape with it; then the
-#      kernel tests, and the Newton-Schulz GPU test in the same process (after them it hung once:
-#      a traceback of every thread at 100 s).
+#      train losses; the smoke run, whose val losses must be the CPU's within 0.05; with
+#      HEAD="BLOCK=..., num_warps=..." set, the step of this script with that head configuration,
+#      cold, and the GPU test of the head at the real shape with it; last, the kernel tests and
+#      the Newton-Schulz GPU test in the same process (after them it hung once: a traceback of
+#      every thread at 100 s).
 set -uo pipefail
 part=$1 out=$2 before_file=$3
 [ -s "$before_file" ] || { echo "$before_file: no such file, or empty"; exit 1; }
@@ -66,11 +67,8 @@ pytest() { local limit=$1; shift; timeout -k 20 -s INT "$limit" $py -m pytest -q
 if [ "$part" = 1 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     $py -c "import torch, triton, numpy, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-    pytest 430 -o faulthandler_timeout=150 --durations=20 tests/test_gpu.py 2>&1 |
+    pytest 520 -o faulthandler_timeout=150 --durations=20 tests/test_gpu.py 2>&1 |
         tee "$out/test_gpu.txt" | tail -40
-    rm -rf /tmp/smoke
-    timeout 90 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke 2>&1 | tee "$out/smoke.txt" |
-        grep -E "val_loss|peak"
 fi
 if [ "$part" = 2 ]; then
     timeout 150 $py benchmarks/bench_kernels.py --sweep --json="$out/bench_kernels.json"
@@ -93,6 +91,9 @@ if [ "$part" = 3 ]; then
     for log in $(ls /tmp/compare/*/*.txt | grep -v output.txt); do
         echo "$log: $(grep -oE '^step:(25|50|75|100)/100 .*train_loss:[0-9.]+' "$log" | tr '\n' ' ')"
     done
+    rm -rf /tmp/smoke
+    timeout 90 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke 2>&1 | tee "$out/smoke.txt" |
+        grep -E "val_loss|peak"
     if [ -n "${HEAD:-}" ]; then
         bench head_swept_cold /tmp/head_swept /tmp/cold_head_swept
         cp -r tests pytest.ini /tmp/head_swept/  # the head at the real shape, with HEAD's setting
