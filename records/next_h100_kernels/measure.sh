@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# The second session of the kernels on one GPU: `bash measure.sh PART OUT BEFORE` from the
-# repository root, where BEFORE is a copy of main's train_gpt.py (the device gets no .git: make it
-# here with `git show main:train_gpt.py > before_train_gpt.py`, untracked and not ignored, so that
-# it travels). This script is the branch: the head kernel without its loop over rows, at 4 warps,
-# and the MLP's products at 4 pipeline stages. Each part fits one device call (10 minutes):
-#   1: versions; tests/test_gpu.py on its own (a traceback of every thread if a test passes 150 s;
-#      on main before the kernels its 11 tests took 242 s, and 3 more have come since).
-#   2: the kernels against the compiled graphs they replace, launch configurations swept; the step
-#      (one 65,536-token micro-batch) of BEFORE and of this script, each cold then warm: the
-#      spread of each side; then, on this script's warm cache, three variants that each differ
-#      from it in one thing: the head kernel at 8 warps, the MLP at 3 stages (as on main), Muon
-#      applying one process's updates in place.
+# The second session of the kernels on one GPU: `bash measure.sh PART OUT BEFORE`, where BEFORE
+# is a copy of main's train_gpt.py (the device gets no .git: make it in the repository root with
+# `git show main:train_gpt.py > before_train_gpt.py`, untracked and not ignored, so that it
+# travels). This script's tree is the branch: the head kernel without its loop over rows, at 4
+# warps, and the MLP's products at 4 pipeline stages. Each part fits one device call (600 s),
+# and a step that would start after 520 s is skipped, with a line that says so:
+#   1: versions; tests/test_gpu.py on its own (a traceback of every thread when a test passes
+#      150 s): first the tests of the kernels at the real shapes and of resume, then the rest
+#      (on main before the kernels, those 11 took 242 s).
+#   2: the kernels against the compiled graphs they replace, launch configurations swept; the
+#      step (one 65,536-token micro-batch) of this script from a cold compile cache, then of
+#      BEFORE, this script and BEFORE again on that cache (BEFORE differs only inside the custom
+#      ops, which the compiler does not look into): two runs of each, their spread; then three
+#      variants of this script, each different in one thing: the head kernel at 8 warps, the MLP
+#      at 3 stages (both as on main), Muon applying one process's updates in place.
 #   3: benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and their
-#      train losses; the smoke run, whose val losses must be the CPU's within 0.05; with
-#      HEAD="BLOCK=..., num_warps=..." set, the step of this script with that head configuration,
-#      cold, and the GPU test of the head at the real shape with it; last, the kernel tests and
-#      the Newton-Schulz GPU test in the same process (after them it hung once: a traceback of
-#      every thread at 100 s).
+#      train losses; the smoke run, whose val losses must be the CPU's within 0.05; the kernel
+#      tests and then the Newton-Schulz GPU test in one process (after them it hung once: a
+#      traceback of every thread at 100 s); with HEAD="BLOCK=..., num_warps=..." set, the step
+#      of this script with that head configuration, and the GPU test of the head at the real
+#      shape with it.
 set -uo pipefail
-part=$1 out=$2 before_file=$3
+part=${1:?usage: measure.sh 1|2|3 OUT BEFORE} out=${2:?no OUT} before_file=${3:?no BEFORE}
+[[ $part =~ ^[123]$ ]] || { echo "PART is 1, 2 or 3, not $part"; exit 1; }
 [ -s "$before_file" ] || { echo "$before_file: no such file, or empty"; exit 1; }
 mkdir -p "$out"
+out=$(realpath "$out") before_file=$(realpath "$before_file")
+cd "$(dirname "$0")/../.."  # the repository root
+exec > >(tee -a "$out/part$part.txt") 2>&1
 export PYTHONUNBUFFERED=1
 py=$(command -v python3 || command -v python)
+in_time() {  # NAME: whether a step may still start
+    (( SECONDS <= 520 )) || { echo "== $1 skipped: ${SECONDS}s gone"; return 1; }
+}
 synthetic=data/synthetic  # parts 2 and 3; part 1 trains on the Shakespeare sample
 [ "$part" = 1 ] || [ -f $synthetic/synthetic_train_000001.bin ] ||
     $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
@@ -30,6 +40,7 @@ data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/s
 
 variant() {  # NAME FILE [OLD NEW]...: a tree at /tmp/NAME, FILE its train_gpt.py, each OLD -> NEW
     mkdir -p /tmp/$1/benchmarks && cp benchmarks/*.py /tmp/$1/benchmarks/
+    cp -r tests pytest.ini /tmp/$1/
     $py - "$2" "/tmp/$1/train_gpt.py" "${@:3}" <<'PY' || exit 1
 import sys
 source, path, *changes = sys.argv[1:]
@@ -57,50 +68,59 @@ variant muon_in_place train_gpt.py "def apply(handle, chunk):" "def apply(handle
 [ -n "${HEAD:-}" ] && variant head_swept train_gpt.py "$head_config" "HEAD_LOSS_CONFIG = dict($HEAD)"
 
 bench() {  # NAME TREE CACHE: one micro-batch per step, 50 timed steps; NAME *_cold: CACHE emptied
+    in_time "bench_step $1" || return
     echo "== bench_step $1"
     [[ $1 == *_cold ]] && rm -rf "$3"
     TORCHINDUCTOR_CACHE_DIR=$3 timeout 200 $py "$2/benchmarks/bench_step.py" "${data[@]}" \
         --batch_size=65536 --steps=50 --json="$out/bench_$1.json" | tail -12
 }
-# SIGINT, not SIGTERM: pytest still reports what it has when the time is up; a kill 20 s later
-pytest() { local limit=$1; shift; timeout -k 20 -s INT "$limit" $py -m pytest -q "$@"; }
+# SIGINT, not SIGTERM: pytest still reports what it has when the time is up; a kill 20 s later.
+# Into a file, not a pipe, which a process the tests left behind could hold open.
+tests() {  # NAME LIMIT ARGS...: pytest's output in $out/NAME.txt, its end here
+    in_time "$1" || return
+    echo "== $1"
+    timeout -k 20 -s INT "$2" $py -m pytest -q "${@:3}" >"$out/$1.txt" 2>&1
+    tail -30 "$out/$1.txt"
+}
 if [ "$part" = 1 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     $py -c "import torch, triton, numpy, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-    pytest 520 -o faulthandler_timeout=150 --durations=20 tests/test_gpu.py 2>&1 |
-        tee "$out/test_gpu.txt" | tail -40
+    tests test_gpu_kernels_and_resume 170 -o faulthandler_timeout=150 --durations=5 \
+        tests/test_gpu.py -k "fused or resume"
+    tests test_gpu_rest 340 -o faulthandler_timeout=150 --durations=15 tests/test_gpu.py \
+        -k "not fused and not resume"
 fi
 if [ "$part" = 2 ]; then
-    timeout 150 $py benchmarks/bench_kernels.py --sweep --json="$out/bench_kernels.json"
-    bench before_cold /tmp/before /tmp/cold_before
-    bench after_cold . /tmp/cold_after
-    bench before_warm /tmp/before /tmp/cold_before
-    bench after_warm . /tmp/cold_after
-    # a launch configuration or the optimizer: the compiled model is this script's, from its cache
-    bench head_8_warps /tmp/head_8_warps /tmp/cold_after
-    bench mlp_3_stages /tmp/mlp_3_stages /tmp/cold_after
-    bench muon_in_place /tmp/muon_in_place /tmp/cold_after
+    in_time bench_kernels && timeout 120 $py benchmarks/bench_kernels.py --sweep \
+        --json="$out/bench_kernels.json"
+    bench after_cold . /tmp/cache
+    bench before_1 /tmp/before /tmp/cache
+    bench after_warm . /tmp/cache
+    bench before_2 /tmp/before /tmp/cache
+    bench head_8_warps /tmp/head_8_warps /tmp/cache
+    bench mlp_3_stages /tmp/mlp_3_stages /tmp/cache
+    bench muon_in_place /tmp/muon_in_place /tmp/cache
 fi
 if [ "$part" = 3 ]; then
-    rm -rf /tmp/compare /tmp/cold_compare
-    # 10 validation micro-batches, not 160: the final validation is no part of a step's time
-    TORCHINDUCTOR_CACHE_DIR=/tmp/cold_compare timeout 380 $py benchmarks/compare.py \
+    rm -rf /tmp/compare /tmp/cache
+    # 10 validation micro-batches, not 160: the final validation is no part of a step's time.
+    # It took 392 s last time.
+    TORCHINDUCTOR_CACHE_DIR=/tmp/cache timeout 430 $py benchmarks/compare.py \
         /tmp/before/train_gpt.py train_gpt.py --runs=2 --out=/tmp/compare -- "${data[@]}" \
         --batch_size=65536 --num_iterations=100 --val_every=0 --val_tokens=655360 2>&1 | tail -15
-    cp /tmp/compare/compare.json "$out/compare.json"
+    mkdir -p "$out/compare" && cp -r /tmp/compare/. "$out/compare/"
     for log in $(ls /tmp/compare/*/*.txt | grep -v output.txt); do
         echo "$log: $(grep -oE '^step:(25|50|75|100)/100 .*train_loss:[0-9.]+' "$log" | tr '\n' ' ')"
     done
-    rm -rf /tmp/smoke
-    timeout 90 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke 2>&1 | tee "$out/smoke.txt" |
-        grep -E "val_loss|peak"
-    if [ -n "${HEAD:-}" ]; then
-        bench head_swept_cold /tmp/head_swept /tmp/cold_head_swept
-        cp -r tests pytest.ini /tmp/head_swept/  # the head at the real shape, with HEAD's setting
-        (cd /tmp/head_swept && pytest 100 tests/test_gpu.py -k fused_head 2>&1 |
-            tee "$out/test_head_swept.txt" | tail -5)
+    if in_time smoke; then
+        rm -rf /tmp/smoke
+        timeout 90 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke >"$out/smoke.txt" 2>&1
+        grep -E "val_loss|peak" "$out/smoke.txt"
     fi
-    pytest 150 -o faulthandler_timeout=100 --durations=5 tests/test_kernels.py tests/test_gpu.py \
-        -k "test_kernels or newton_schulz_on_the_gpu" 2>&1 | tee "$out/test_kernels_then_ns.txt" |
-        tail -30
+    tests test_kernels_then_newton_schulz 120 -o faulthandler_timeout=100 --durations=5 \
+        tests/test_kernels.py tests/test_gpu.py -k "test_kernels or newton_schulz_on_the_gpu"
+    if [ -n "${HEAD:-}" ]; then
+        bench head_swept /tmp/head_swept /tmp/cache
+        (cd /tmp/head_swept && tests test_head_swept 100 tests/test_gpu.py -k fused_head)
+    fi
 fi
