@@ -6,7 +6,9 @@ At the reference shapes of one 65,536-token micro-batch: the head and its loss (
 columns) and one MLP (768 -> 3,072 -> 768), forward and backward, in bf16. Each is timed with
 CUDA events (median of --repeats calls after 3 warm-up calls), and its peak memory beyond its
 inputs is read from the allocator. With --sweep, each kernel's launch configuration is swept
-too (the file's own is marked): the table says whether another one is faster.
+too (the file's own is marked): the table says whether another one is faster. A configuration
+that needs more registers or shared memory than the GPU has is named, with Triton's error, and
+skipped.
 """
 import argparse
 import json
@@ -70,6 +72,7 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: bench_kernels.py times GPU kernels and needs a CUDA GPU")
+    from triton.runtime.errors import OutOfResources
     generator = torch.Generator(device="cuda").manual_seed(0)
 
     def randn(*shape, scale=1.0):
@@ -101,7 +104,11 @@ def main():
         for candidate in (sweep if args.sweep else [chosen]):
             config.clear()
             config.update(candidate)
-            ms, mib = time_ms(fused, inputs, extra, args.repeats)
+            try:
+                ms, mib = time_ms(fused, inputs, extra, args.repeats)
+            except OutOfResources as error:  # too many registers or too much shared memory
+                print(f"{name:<6}{'-':>9}{'-':>10}  kernel {candidate}: {error}", flush=True)
+                continue
             mark = " (the file's)" if candidate == chosen else ""
             record(part=name, version=f"kernel {candidate}{mark}", ms=ms, peak_mib=mib)
         config.clear()
