@@ -4,22 +4,24 @@
 # `git show main:train_gpt.py > before_train_gpt.py`, untracked and not ignored, so that it
 # travels). This script's tree is the branch: the head kernel without its loop over rows, at 4
 # warps, and the MLP's products at 4 pipeline stages. Each part fits one device call (600 s),
-# and a step that would start after 520 s is skipped, with a line that says so:
+# and a step that would start after 520 s is skipped, with a line that says so. Run in the order
+# 2, 1, 3: part 2 decides what part 3 times.
 #   1: versions; tests/test_gpu.py on its own (a traceback of every thread when a test passes
-#      150 s): first the tests of the kernels at the real shapes and of resume, then the rest
-#      (on main before the kernels, those 11 took 242 s).
+#      150 s): first the tests of the kernels at the real shapes and of resume, then the smoke
+#      run, whose val losses must be the CPU's within 0.05, then the rest of the file until
+#      585 s (on main before the kernels, those 11 took 242 s).
 #   2: the kernels against the compiled graphs they replace, launch configurations swept; the
 #      step (one 65,536-token micro-batch) of this script from a cold compile cache, then of
 #      BEFORE, this script and BEFORE again on that cache (BEFORE differs only inside the custom
 #      ops, which the compiler does not look into): two runs of each, their spread; then three
 #      variants of this script, each different in one thing: the head kernel at 8 warps, the MLP
 #      at 3 stages (both as on main), Muon applying one process's updates in place.
-#   3: benchmarks/compare.py, BEFORE against this script, 2 runs each of 100 steps, and their
-#      train losses; the smoke run, whose val losses must be the CPU's within 0.05; the kernel
-#      tests and then the Newton-Schulz GPU test in one process (after them it hung once: a
-#      traceback of every thread at 100 s); with HEAD="BLOCK=..., num_warps=..." set, the step
-#      of this script with that head configuration, and the GPU test of the head at the real
-#      shape with it.
+#   3: benchmarks/compare.py, BEFORE against this script, one run each of 100 steps (the
+#      device time of this session has no room for two), and their train losses; with
+#      HEAD="BLOCK=..., num_warps=..." set, the step of this script with that head
+#      configuration, and the GPU test of the head at the real shape with it; then the kernel
+#      tests and the Newton-Schulz GPU test in one process (after them it hung once: a
+#      traceback of every thread at 100 s).
 set -uo pipefail
 part=${1:?usage: measure.sh 1|2|3 OUT BEFORE} out=${2:?no OUT} before_file=${3:?no BEFORE}
 [[ $part =~ ^[123]$ ]] || { echo "PART is 1, 2 or 3, not $part"; exit 1; }
@@ -87,8 +89,13 @@ if [ "$part" = 1 ]; then
     $py -c "import torch, triton, numpy, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__)"
     tests test_gpu_kernels_and_resume 170 -o faulthandler_timeout=150 --durations=5 \
         tests/test_gpu.py -k "fused or resume"
-    tests test_gpu_rest 340 -o faulthandler_timeout=150 --durations=15 tests/test_gpu.py \
-        -k "not fused and not resume"
+    if in_time smoke; then
+        rm -rf /tmp/smoke
+        timeout 90 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke >"$out/smoke.txt" 2>&1
+        grep -E "val_loss|peak" "$out/smoke.txt"
+    fi
+    tests test_gpu_rest $(( 585 - SECONDS )) -o faulthandler_timeout=150 --durations=15 \
+        tests/test_gpu.py -k "not fused and not resume"
 fi
 if [ "$part" = 2 ]; then
     in_time bench_kernels && timeout 120 $py benchmarks/bench_kernels.py --sweep \
@@ -104,23 +111,18 @@ fi
 if [ "$part" = 3 ]; then
     rm -rf /tmp/compare /tmp/cache
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time.
-    # It took 392 s last time.
-    TORCHINDUCTOR_CACHE_DIR=/tmp/cache timeout 430 $py benchmarks/compare.py \
-        /tmp/before/train_gpt.py train_gpt.py --runs=2 --out=/tmp/compare -- "${data[@]}" \
+    # Two runs of each took 392 s last time.
+    TORCHINDUCTOR_CACHE_DIR=/tmp/cache timeout 250 $py benchmarks/compare.py \
+        /tmp/before/train_gpt.py train_gpt.py --runs=1 --out=/tmp/compare -- "${data[@]}" \
         --batch_size=65536 --num_iterations=100 --val_every=0 --val_tokens=655360 2>&1 | tail -15
     mkdir -p "$out/compare" && cp -r /tmp/compare/. "$out/compare/"
     for log in $(ls /tmp/compare/*/*.txt | grep -v output.txt); do
         echo "$log: $(grep -oE '^step:(25|50|75|100)/100 .*train_loss:[0-9.]+' "$log" | tr '\n' ' ')"
     done
-    if in_time smoke; then
-        rm -rf /tmp/smoke
-        timeout 90 $py train_gpt.py --preset=smoke --log_dir=/tmp/smoke >"$out/smoke.txt" 2>&1
-        grep -E "val_loss|peak" "$out/smoke.txt"
-    fi
-    tests test_kernels_then_newton_schulz 120 -o faulthandler_timeout=100 --durations=5 \
-        tests/test_kernels.py tests/test_gpu.py -k "test_kernels or newton_schulz_on_the_gpu"
     if [ -n "${HEAD:-}" ]; then
         bench head_swept /tmp/head_swept /tmp/cache
         (cd /tmp/head_swept && tests test_head_swept 100 tests/test_gpu.py -k fused_head)
     fi
+    tests test_kernels_then_newton_schulz 120 -o faulthandler_timeout=100 --durations=5 \
+        tests/test_kernels.py tests/test_gpu.py -k "test_kernels or newton_schulz_on_the_gpu"
 fi
