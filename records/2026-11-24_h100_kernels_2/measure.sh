@@ -4,8 +4,9 @@
 # `git show main:train_gpt.py > before_train_gpt.py`, untracked and not ignored, so that it
 # travels). This script's tree is the branch: the head kernel without its loop over rows, at 4
 # warps, and the MLP's products at 4 pipeline stages. Each part fits one device call (600 s),
-# and a step that would start after 520 s is skipped, with a line that says so. Run in the order
-# 2, 1, 3: part 2 decides what part 3 times.
+# and a step that would start after 520 s is skipped, with a line that says so. They ran in the
+# order 2, 1, 3, 4, 5: part 2 decides what is kept; 3 to 5 are what 30 minutes of device time left
+# room for after 2 and 1.
 #   1: versions; tests/test_gpu.py on its own (a traceback of every thread when a test passes
 #      150 s): first the tests of the kernels at the real shapes and of resume, then the smoke
 #      run, whose val losses must be the CPU's within 0.05, then the rest of the file until
@@ -16,15 +17,14 @@
 #      ops, which the compiler does not look into): two runs of each, their spread; then three
 #      variants of this script, each different in one thing: the head kernel at 8 warps, the MLP
 #      at 3 stages (both as on main), Muon applying one process's updates in place.
-#   3: benchmarks/compare.py, BEFORE against this script, one run each of 100 steps (the
-#      device time of this session has no room for two), and their train losses; with
-#      HEAD="BLOCK=..., num_warps=..." set, the step of this script with that head
-#      configuration, and the GPU test of the head at the real shape with it; then the kernel
-#      tests and the Newton-Schulz GPU test in one process (after them it hung once: a
-#      traceback of every thread at 100 s).
+#   3: the resume test alone, given 290 s (in part 1's 170 s it had not finished).
+#   4: benchmarks/compare.py, BEFORE against this script, one run each of 100 steps (no room for
+#      two), and their train losses.
+#   5: the kernel tests and then the Newton-Schulz GPU test in one process (after them it hung
+#      once: a traceback of every thread at 100 s).
 set -uo pipefail
-part=${1:?usage: measure.sh 1|2|3 OUT BEFORE} out=${2:?no OUT} before_file=${3:?no BEFORE}
-[[ $part =~ ^[123]$ ]] || { echo "PART is 1, 2 or 3, not $part"; exit 1; }
+part=${1:?usage: measure.sh 1|2|3|4|5 OUT BEFORE} out=${2:?no OUT} before_file=${3:?no BEFORE}
+[[ $part =~ ^[1-5]$ ]] || { echo "PART is 1 to 5, not $part"; exit 1; }
 [ -s "$before_file" ] || { echo "$before_file: no such file, or empty"; exit 1; }
 mkdir -p "$out"
 out=$(realpath "$out") before_file=$(realpath "$before_file")
@@ -35,8 +35,8 @@ py=$(command -v python3 || command -v python)
 in_time() {  # NAME: whether a step may still start
     (( SECONDS <= 520 )) || { echo "== $1 skipped: ${SECONDS}s gone"; return 1; }
 }
-synthetic=data/synthetic  # parts 2 and 3; part 1 trains on the Shakespeare sample
-[ "$part" = 1 ] || [ -f $synthetic/synthetic_train_000001.bin ] ||
+synthetic=data/synthetic  # parts 2 and 4; the others train on the Shakespeare sample
+[[ $part =~ [135] ]] || [ -f $synthetic/synthetic_train_000001.bin ] ||
     $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
 data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/synthetic_val_*.bin")
 
@@ -67,7 +67,6 @@ variant muon_in_place train_gpt.py "def apply(handle, chunk):" "def apply(handle
                     pending = (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk)" \
     "                pending = ((None, chunk, [update]) if self.world_size == 1 else
                            (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk, rows))"
-[ -n "${HEAD:-}" ] && variant head_swept train_gpt.py "$head_config" "HEAD_LOSS_CONFIG = dict($HEAD)"
 
 bench() {  # NAME TREE CACHE: one micro-batch per step, 50 timed steps; NAME *_cold: CACHE emptied
     in_time "bench_step $1" || return
@@ -109,20 +108,23 @@ if [ "$part" = 2 ]; then
     bench muon_in_place /tmp/muon_in_place /tmp/cache
 fi
 if [ "$part" = 3 ]; then
-    rm -rf /tmp/compare /tmp/cache
+    tests test_gpu_resume 290 -o faulthandler_timeout=280 --durations=3 -s tests/test_gpu.py \
+        -k resume
+fi
+if [ "$part" = 4 ]; then
+    rm -rf /tmp/compare /tmp/cache2
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time.
-    # Two runs of each took 392 s last time.
-    TORCHINDUCTOR_CACHE_DIR=/tmp/cache timeout 250 $py benchmarks/compare.py \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/cache2 timeout 330 $py benchmarks/compare.py \
         /tmp/before/train_gpt.py train_gpt.py --runs=1 --out=/tmp/compare -- "${data[@]}" \
-        --batch_size=65536 --num_iterations=100 --val_every=0 --val_tokens=655360 2>&1 | tail -15
+        --batch_size=65536 --num_iterations=100 --val_every=0 --val_tokens=655360 \
+        >"$out/part4_compare.txt" 2>&1
+    tail -15 "$out/part4_compare.txt"
     mkdir -p "$out/compare" && cp -r /tmp/compare/. "$out/compare/"
     for log in $(ls /tmp/compare/*/*.txt | grep -v output.txt); do
         echo "$log: $(grep -oE '^step:(25|50|75|100)/100 .*train_loss:[0-9.]+' "$log" | tr '\n' ' ')"
     done
-    if [ -n "${HEAD:-}" ]; then
-        bench head_swept /tmp/head_swept /tmp/cache
-        (cd /tmp/head_swept && tests test_head_swept 100 tests/test_gpu.py -k fused_head)
-    fi
-    tests test_kernels_then_newton_schulz 120 -o faulthandler_timeout=100 --durations=5 \
+fi
+if [ "$part" = 5 ]; then
+    tests test_kernels_then_newton_schulz 150 -o faulthandler_timeout=100 --durations=5 \
         tests/test_kernels.py tests/test_gpu.py -k "test_kernels or newton_schulz_on_the_gpu"
 fi
