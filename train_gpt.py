@@ -196,7 +196,8 @@ class Muon(torch.optim.Optimizer):
         buf.lerp_(p.grad, 1 - group["momentum"])
         g = p.grad.lerp_(buf, group["momentum"]) if group["nesterov"] else buf
         update = self.orthogonalize(g, steps=group["ns_steps"])
-        # a copy: the graph's next replay overwrites its output, and the gather may not have read it
+        # a copy: the next chunk's replay of the graph overwrites its output before this update
+        # is gathered (or, with one process, applied)
         return update.clone(memory_format=torch.contiguous_format).view(-1)
 
     @torch.no_grad()
@@ -207,10 +208,11 @@ class Muon(torch.optim.Optimizer):
             rows = buffer.view(self.world_size, -1)
             pending = None
 
-            def apply(handle, chunk):  # every rank applies the whole chunk, in the same order
+            # every rank applies the whole chunk, in the same order
+            def apply(handle, chunk, updates):
                 if handle is not None:
                     handle.wait()
-                for p, update in zip(chunk, rows):
+                for p, update in zip(chunk, updates):
                     p.add_(update.view_as(p), alpha=-lr * max(1, p.size(0) / p.size(1)) ** 0.5)
 
             for start in range(0, len(params), self.world_size):
@@ -220,11 +222,11 @@ class Muon(torch.optim.Optimizer):
                           if self.rank < len(chunk) else rows[self.rank])
                 if pending is not None:
                     apply(*pending)
-                if self.world_size == 1:
-                    rows[0].copy_(update)
-                    pending = (None, chunk)
+                if self.world_size == 1:  # nothing to gather: the update is applied as it is
+                    pending = (None, chunk, [update])
                 else:
-                    pending = (dist.all_gather_into_tensor(buffer, update, async_op=True), chunk)
+                    handle = dist.all_gather_into_tensor(buffer, update, async_op=True)
+                    pending = (handle, chunk, rows)
             apply(*pending)
 
     def state_dict(self, gather=False):
