@@ -1375,10 +1375,6 @@ if triton is not None:
         As |c| < softcap, exp(c) can neither overflow nor vanish: the sum needs no running max."""
         row = tl.program_id(0).to(tl.int64)
         logits_ptr += row * num_columns
-        # read before the sum: its reduction across warps is a barrier, and past it another warp
-        # may already be overwriting the target's logit with its gradient
-        target = tl.load(targets_ptr + row)
-        z_target = tl.load(logits_ptr + target).to(tl.float32)
         sum_exp = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, num_columns, BLOCK):
             cols = start + tl.arange(0, BLOCK)
@@ -1386,6 +1382,8 @@ if triton is not None:
             tanh, _ = tanh_and_slope(z * (1 / softcap))
             sum_exp += tl.where(cols < num_columns, tl.exp(softcap * tanh), 0)
         log_sum_exp = tl.log(tl.sum(sum_exp, axis=0))
+        target = tl.load(targets_ptr + row)
+        z_target = tl.load(logits_ptr + target).to(tl.float32)
         tanh_target, _ = tanh_and_slope(z_target * (1 / softcap))
         tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)
         for start in range(0, num_columns, BLOCK):
