@@ -6,9 +6,12 @@ the training loop, then what the loop needs around it, what only long runs need 
 resume, stopping) and the GPU kernels. Importing it has no side effects: all runs in `main()`.
 """
 import argparse
+import ast
 import contextlib
 import dataclasses
 import glob
+import hashlib
+import inspect
 import math
 import os
 import pickle
@@ -19,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import typing
@@ -60,6 +64,7 @@ class Hyperparameters:
     model_dim: int = option(768, "width of the residual stream")
     no_attention_layers: tuple = option((7,), "layers with an MLP only, e.g. 1,3; the default's "
                                         "layer 7 is left out of models with fewer layers")
+    softcap: float = option(15.0, "the head's logits are softcap * tanh(logits / softcap)")
     # optimization
     num_iterations: int = option(1390, "training steps")
     cooldown_frac: float = option(0.4, "the learning rates fall linearly to 0 over this last part")
@@ -75,6 +80,8 @@ class Hyperparameters:
     checkpoint_every: int = option(0, "write the training state every this many steps; 0: never")
     save_checkpoint: bool = option(False, "write the training state after the last step")
     resume: str = option("", "continue from this checkpoint (a folder: its newest)")
+    kernels: bool = option(True, "on a GPU, run the head's loss and the MLP through the Triton "
+                           "kernels at the end of the file; false: through the recipe's torch code")
 
 
 # A small model on the embedded Shakespeare sample: checks a setup on a CPU in about 2 minutes.
@@ -322,22 +329,32 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.transpose(1, 2).contiguous().view_as(x))
 
 
+def relu_square_mlp(x, w_fc, w_proj):
+    """The MLP: ReLU^2 between two products, relu(x w_fc^T)^2 w_proj^T."""
+    return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)
+
+
 class MLP(nn.Module):
-    def __init__(self, dim):
+    """`relu_square_mlp` over the stream; with `kernel`, through the Triton kernel that computes
+    it, where the shapes allow (end of the file)."""
+
+    def __init__(self, dim, kernel=False):
         super().__init__()
         self.c_fc = CastedLinear(dim, 4 * dim)
         self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)
+        self.kernel = kernel
 
-    def forward(self, x):  # relu(x W_fc^T)^2 W_proj^T; on a GPU through a kernel (end of the file)
-        mlp = ReluSquareMLP.apply if x.is_cuda and mlp_fits_tiles(x.shape) else relu_square_mlp
-        return mlp(x[0], self.c_fc.weight.type_as(x), self.c_proj.weight.type_as(x))[None]
+    def forward(self, x):
+        args = (x[0], self.c_fc.weight.type_as(x), self.c_proj.weight.type_as(x))
+        mlp = kernel_for(relu_square_mlp, *args) if self.kernel else relu_square_mlp
+        return mlp(*args)[None]
 
 
 class Block(nn.Module):
-    def __init__(self, dim, num_heads, rotary, has_attention):
+    def __init__(self, dim, num_heads, rotary, has_attention, kernels=False):
         super().__init__()
         self.attn = CausalSelfAttention(dim, num_heads, rotary) if has_attention else None
-        self.mlp = MLP(dim)
+        self.mlp = MLP(dim, kernels)
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))  # mix of the stream and x0
 
     def forward(self, x, ve, x0, mask):
@@ -347,13 +364,15 @@ class Block(nn.Module):
         return x + self.mlp(norm(x))
 
 
-def build_block_mask(inputs, window_blocks):
-    """The document-causal sliding-window mask of `inputs`, built block by block for FlexAttention.
+def attention_blocks(inputs, window_blocks):
+    """The document-causal sliding-window mask of `inputs`, block by block: (any_allowed,
+    all_allowed, document_causal). The one definition of the mask, which both attention paths
+    expand: FlexAttention on a GPU (`build_block_mask`), a dense mask on a CPU.
 
     A block pair (q, kv) is skipped when it lies in the future, beyond the window or between
-    disjoint documents; it is "full" when every entry is allowed (an earlier block in the window
-    and both blocks inside one document), so the kernel needs no per-token check; the rest are
-    "partial" and go through `mask_mod`. No T x T tensor is ever made.
+    disjoint documents; it is "full" (all_allowed) when every entry is allowed (an earlier block
+    in the window and both blocks inside one document), so the kernel needs no per-token check;
+    the rest of any_allowed are "partial", and go through document_causal(b, h, q_idx, kv_idx).
     """
     docs = (inputs == EOT_TOKEN).cumsum(0)
     doc_start = torch.searchsorted(docs, docs, out_int32=True)  # where a position's doc starts
@@ -371,6 +390,14 @@ def build_block_mask(inputs, window_blocks):
     def document_causal(b, h, q_idx, kv_idx):  # one lookup per entry, not two
         return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)
 
+    return any_allowed, all_allowed, document_causal
+
+
+def build_block_mask(inputs, window_blocks):
+    """The mask of `attention_blocks` as FlexAttention's BlockMask: per query block, the partial
+    and the full kv blocks. No T x T tensor is ever made."""
+    any_allowed, all_allowed, document_causal = attention_blocks(inputs, window_blocks)
+
     def as_kv_lists(block_pairs):  # per query block: how many kv blocks, and which, listed first
         counts = block_pairs.sum(dim=-1, dtype=torch.int32)
         indices = block_pairs.argsort(dim=-1, descending=True, stable=True).to(torch.int32)
@@ -382,13 +409,15 @@ def build_block_mask(inputs, window_blocks):
 
 
 def dense_attention_mask(inputs, window_blocks):
-    """The same mask as `build_block_mask` as a T x T bool tensor (True = may attend)."""
-    docs = (inputs == EOT_TOKEN).cumsum(0)
+    """The mask of `attention_blocks` as a T x T bool tensor (True = may attend), the entries
+    FlexAttention computes: every entry of a full block pair, document_causal's in a partial one."""
+    any_allowed, all_allowed, document_causal = attention_blocks(inputs, window_blocks)
     pos = torch.arange(len(inputs), device=inputs.device)
-    blk = pos // BLOCK_SIZE
-    causal = pos[:, None] >= pos[None, :]
-    same_doc = docs[:, None] == docs[None, :]
-    return causal & same_doc & (blk[:, None] - blk[None, :] < window_blocks)
+
+    def per_entry(block_pairs):
+        return block_pairs.repeat_interleave(BLOCK_SIZE, 0).repeat_interleave(BLOCK_SIZE, 1)
+    return per_entry(all_allowed) | (per_entry(any_allowed)
+                                     & document_causal(0, 0, pos[:, None], pos[None, :]))
 
 
 class GPT(nn.Module):
@@ -396,15 +425,21 @@ class GPT(nn.Module):
 
     Layers 0..L/2-1 are the encoder, the rest the decoder; each decoder block first adds a
     weighted encoder output, last in first out. Three value-embedding tables feed the value
-    projections of the first three and the last three layers (pattern 012...012).
+    projections of the first three and the last three layers (pattern 012...012). With
+    `kernels`, `head_loss` and `relu_square_mlp` run through the Triton kernels that compute
+    them (end of the file).
     """
 
     def __init__(self, vocab_size, num_layers, num_heads, model_dim, max_seq_len=65536,
-                 no_attention_layers=(7,), embed_dtype=torch.float32):
+                 no_attention_layers=(7,), embed_dtype=torch.float32, softcap=15.0,
+                 kernels=False):
         super().__init__()
         check_heads(model_dim, num_heads)
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
+        self.softcap, self.kernels = softcap, kernels
         padded_vocab = -(-vocab_size // 128) * 128  # aligned matrices run faster
+        if kernels:  # before anything trains with them
+            check_kernels(softcap, padded_vocab)
         # DDP stops at the second step on a parameter without a gradient: a value table is built
         # only if one of its layers has attention, the skip weights only if a decoder layer does.
         attention = [i not in no_attention_layers for i in range(num_layers)]
@@ -417,7 +452,7 @@ class GPT(nn.Module):
         self.embed = nn.Embedding(padded_vocab, model_dim)
         self.value_embeds = nn.ModuleList([nn.Embedding(padded_vocab, model_dim) for _ in kept])
         rotary = Rotary(model_dim // num_heads, max_seq_len)
-        self.blocks = nn.ModuleList([Block(model_dim, num_heads, rotary, has_attention)
+        self.blocks = nn.ModuleList([Block(model_dim, num_heads, rotary, has_attention, kernels)
                                      for has_attention in attention])
         self.num_encoder_layers = num_layers // 2
         self.skip_weights = (nn.Parameter(torch.ones(self.num_encoder_layers))
@@ -441,8 +476,17 @@ class GPT(nn.Module):
             x = block(x, ve[i], x0, mask)
             if i < self.num_encoder_layers:
                 skips.append(x)
-        loss = HeadLoss.apply if x.is_cuda else head_loss  # 15 tanh(logits / 15), cross-entropy
-        return loss(norm(x)[0], self.lm_head.weight.type_as(x), targets)
+        args = (norm(x)[0], self.lm_head.weight.type_as(x), targets, self.softcap)
+        loss = kernel_for(head_loss, *args) if self.kernels else head_loss
+        return loss(*args)
+
+
+def head_loss(x, weight, targets, softcap):
+    """The head and its loss: the mean cross-entropy of `targets` under the logits of `x` (rows:
+    tokens), capped to (-softcap, softcap) in the activation dtype, then taken to fp32."""
+    logits = F.linear(x, weight)
+    logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits.float(), targets)
 
 
 def check_heads(model_dim, num_heads):
@@ -671,15 +715,19 @@ def train(args, rank, world_size, device):
     return val_losses
 
 
-def build_model(args, device):
+def build_model(args, device, gpu_path=None):
     """The GPT of `args` on `device`, and the forms that run it: compiled on a GPU, and wrapped
-    in DDP when there are several processes. Returns (model, compiled, ddp_model)."""
+    in DDP when there are several processes. Returns (model, compiled, ddp_model).
+    `gpu_path`: compile and take the kernels (default: on a GPU); a test sets it on a CPU, where
+    Triton's interpreter runs the kernels, to run the GPU's path without one."""
     torch.manual_seed(args.seed)  # built on the CPU: the same weights on every rank and device
     cuda = device.type == "cuda"
+    gpu_path = cuda if gpu_path is None else gpu_path
     model = GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
                 max_seq_len=args.micro_batch_size, no_attention_layers=args.no_attention_layers,
-                embed_dtype=torch.bfloat16 if cuda else torch.float32).to(device)
-    compiled = torch.compile(model) if cuda else model
+                embed_dtype=torch.bfloat16 if cuda else torch.float32, softcap=args.softcap,
+                kernels=gpu_path and args.kernels).to(device)
+    compiled = torch.compile(model) if gpu_path else model
     ddp_model = (DDP(compiled, device_ids=[device] if cuda else None, broadcast_buffers=False,
                      gradient_as_bucket_view=True) if dist.is_initialized() else compiled)
     return model, compiled, ddp_model
@@ -802,6 +850,7 @@ LIMITS = [
     (("embed_lr", "head_lr", "scalar_lr", "muon_lr"), lambda v: 0 <= v < math.inf,
      "must be a finite number, 0 or more"),
     (("cooldown_frac",), lambda v: 0 <= v <= 1, "must lie in [0, 1]"),
+    (("softcap",), lambda v: 0 < v < math.inf, "must be a finite number above 0"),
     (("vocab_size",), lambda v: v > 50256, "cannot hold the GPT-2 tokens of the data (up to "
      "50256); use 50257"),
     (("no_attention_layers",), lambda v: min(v, default=0) >= 0, "must count layers from 0"),
@@ -1002,9 +1051,10 @@ def restore_training_state(state, model, adam, muon, loader):
 # step, so a resumed run takes the same batches and reaches the same weights as one that never
 # stopped. Ctrl-C, SIGTERM and non-finite values stop every rank after the same step.
 
-# A resumed run may change these: they change neither the batches nor the weights.
+# A resumed run may change these: they change neither the batches nor the weights (`kernels`
+# computes the same, rounded in another order).
 RUN_FIELDS = {"val_files", "val_tokens", "val_every", "warmup_steps", "log_dir",
-              "checkpoint_every", "save_checkpoint", "resume"}
+              "checkpoint_every", "save_checkpoint", "resume", "kernels"}
 
 
 class LongRun:
@@ -1240,11 +1290,12 @@ def load_checkpoint(path, args, world_size):
     return state
 
 # ----------------------------------------------------------------------------- GPU kernels
-# Each computes what the pure-torch function beside it computes, which the CPU path runs and the
-# tests compare it with: on a GPU, and on a CPU through Triton's interpreter (TRITON_INTERPRET=1).
-# A kernel is a custom op, which torch.compile calls as it is; an autograd.Function around it
-# says how it differentiates. Not the op's register_autograd: AOTAutograd's cache would then key
-# on the op alone and serve the backward from before an edit of it; a Function bypasses it.
+# Each computes what a function of the recipe computes (`head_loss`, `relu_square_mlp`), which
+# the CPU path runs and the tests compare it with: on a GPU, and on a CPU through Triton's
+# interpreter (TRITON_INTERPRET=1). A kernel is a custom op, which torch.compile calls as it is;
+# an autograd.Function around it says how it differentiates. Not the op's register_autograd:
+# AOTAutograd's cache would then key on the op alone and serve the backward from before an edit
+# of it; a Function bypasses it.
 
 try:  # Triton comes with PyTorch's CUDA builds
     import triton
@@ -1252,17 +1303,61 @@ try:  # Triton comes with PyTorch's CUDA builds
 except ImportError:  # a CPU-only build, which runs the pure-torch computations
     triton = None
 
-SOFTCAP = 15  # the logits lie in (-15, 15)
 HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=4)  # columns per iteration, warps per row
 RELU_SQUARE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8,
                           num_stages=4)  # tile, row tiles per group, launch
 
+# The code of the recipe functions that the kernels were written to compute, as fingerprints. A
+# copy of this file that edits a function and not its kernel would train the old code on a GPU
+# and the new one on a CPU: check_kernels stops it before it trains.
+KERNEL_RECIPES = dict(head_loss="484aad08653d", relu_square_mlp="027de2b5e7a8")
 
-def head_loss(x, weight, targets):
-    """The mean cross-entropy of `targets` under the soft-capped logits of `x` (rows: tokens)."""
-    logits = F.linear(x, weight)
-    logits = SOFTCAP * torch.tanh(logits / SOFTCAP)  # in the activation dtype
-    return F.cross_entropy(logits.float(), targets)
+# The ops' namespace: this copy's own, so that two copies loaded in one process (a notebook, a
+# tool that loads both) keep their own kernels; the same in every run of a file, as the compile
+# cache needs.
+OPS = "speedrun_" + hashlib.sha256(f"{os.path.realpath(__file__)}:{__name__}".encode()
+                                   ).hexdigest()[:12]
+
+
+def recipe_fingerprint(fn):
+    """A hash of `fn`'s code: its signature and statements, not its docstring, comments or
+    layout."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    if ast.get_docstring(tree) is not None:
+        tree.body = tree.body[1:]
+    return hashlib.sha256(ast.unparse(tree).encode()).hexdigest()[:12]
+
+
+def check_kernels(softcap, num_columns):
+    """Refuse, before anything trains, kernels that would not compute what the recipe says: a
+    recipe function edited since its kernel was written, or a cap past the head kernel's reach."""
+    for recipe, kernel in [(head_loss, "softcapped_cross_entropy_kernel"),
+                           (relu_square_mlp, "relu_square_matmul_kernel")]:
+        found = recipe_fingerprint(recipe)
+        if found != KERNEL_RECIPES[recipe.__name__]:
+            raise UserError(f"{os.path.basename(__file__)}: {recipe.__name__} is not the code "
+                            f"that {kernel} computes, so a GPU would train the old code: run "
+                            f"the new one with --kernels=false, or make the kernel compute it and "
+                            f"set KERNEL_RECIPES[\"{recipe.__name__}\"] = \"{found}\"")
+    # the kernel sums exp(capped logit) over a row without a running maximum
+    largest = math.floor(math.log(torch.finfo(torch.float32).max / num_columns))
+    if softcap > largest:
+        raise UserError(f"--softcap={softcap}: the head kernel sums exp(logit) over {num_columns} "
+                        f"columns in fp32, which holds caps up to {largest}; use a smaller cap, "
+                        f"or --kernels=false")
+
+
+def kernel_for(recipe, *args):
+    """The kernel's form of the recipe function `recipe` for these arguments, or `recipe` itself
+    where no kernel takes them: without Triton, or an MLP that does not split into whole tiles."""
+    if triton is None:  # a CPU-only build of PyTorch
+        return recipe
+    if recipe is head_loss:
+        return HeadLoss.apply
+    if recipe is relu_square_mlp:
+        x, w_fc, _ = args
+        return ReluSquareMLP.apply if mlp_fits_tiles(len(x), x.size(1), len(w_fc)) else recipe
+    raise ValueError(f"no kernel computes {recipe.__name__}")
 
 
 class HeadLoss(torch.autograd.Function):
@@ -1270,43 +1365,38 @@ class HeadLoss(torch.autograd.Function):
     place: a 65,536-token micro-batch has 6.6 GB of bf16 logits, read twice and written once."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets):
-        loss, grad_logits = softcapped_cross_entropy(x, weight, targets)
+    def forward(ctx, x, weight, targets, softcap):
+        loss, grad_logits = softcapped_cross_entropy(x, weight, targets, softcap)
         ctx.save_for_backward(x, weight, grad_logits)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         x, weight, grad_logits = ctx.saved_tensors  # scale the products, not the 6.6 GB
-        return (grad_logits @ weight) * grad_loss, (grad_logits.T @ x) * grad_loss, None
+        return (grad_logits @ weight) * grad_loss, (grad_logits.T @ x) * grad_loss, None, None
 
 
-@torch.library.custom_op("speedrun::softcapped_cross_entropy", mutates_args=())
-def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+@torch.library.custom_op(f"{OPS}::softcapped_cross_entropy", mutates_args=())
+def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                             softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean loss, its gradient over the logits x weight^T). Every target is a column of the
     logits: there is no ignored index."""
     logits, rows = x @ weight.T, x.size(0)
     losses = torch.empty(rows, dtype=torch.float32, device=x.device)
     softcapped_cross_entropy_kernel[(rows,)](logits, targets.contiguous(), losses, 1 / rows,
-                                             logits.size(1), SOFTCAP, **HEAD_LOSS_CONFIG)
+                                             logits.size(1), softcap, **HEAD_LOSS_CONFIG)
     return losses.mean(), logits
 
 
 @softcapped_cross_entropy.register_fake
-def _(x, weight, targets):
+def _(x, weight, targets, softcap):
     return x.new_empty((), dtype=torch.float32), x.new_empty(x.size(0), weight.size(0))
-
-
-def relu_square_mlp(x, w_fc, w_proj):
-    """The MLP: relu(x w_fc^T)^2 w_proj^T."""
-    return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)
 
 
 class ReluSquareMLP(torch.autograd.Function):
     """`relu_square_mlp` with ReLU^2 computed where the products that surround it write: the
     first product also writes relu(pre)^2, and in the backward the product that makes d/d(that)
-    multiplies it by 2 relu(pre) as it writes. Each saves a pass over a tokens x 4 dim tensor."""
+    multiplies it by 2 relu(pre) as it writes. Each saves a pass over a tokens x hidden tensor."""
 
     @staticmethod
     def forward(ctx, x, w_fc, w_proj):
@@ -1321,14 +1411,14 @@ class ReluSquareMLP(torch.autograd.Function):
         return grad_pre @ w_fc, grad_pre.T @ x, grad_out.T @ h
 
 
-@torch.library.custom_op("speedrun::relu_square_matmul", mutates_args=())
+@torch.library.custom_op(f"{OPS}::relu_square_matmul", mutates_args=())
 def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """With `pre` None: (a b, relu(a b)^2). Given `pre`: (a b * 2 relu(pre), relu(pre)^2)."""
     (M, K), N = a.shape, b.size(1)
-    if N != 4 * K or not mlp_fits_tiles((1, M, K)):
-        raise ValueError(f"relu_square_matmul: a {M} x {K} by {K} x {N} product is not one of an "
-                         "MLP that splits into the kernel's whole tiles")
+    if not mlp_fits_tiles(M, K, N):
+        raise ValueError(f"relu_square_matmul: a {M} x {K} by {K} x {N} product does not split "
+                         "into the kernel's whole tiles")
     a, pre = a.contiguous(), None if pre is None else pre.contiguous()
     out, h = a.new_empty(M, N), a.new_empty(M, N)
     config = RELU_SQUARE_CONFIG
@@ -1345,12 +1435,11 @@ def _(a, b, pre):
     return a.new_empty(a.size(0), b.size(1)), a.new_empty(a.size(0), b.size(1))
 
 
-def mlp_fits_tiles(shape):
-    """Whether the products of an MLP on x of this shape (1, tokens, dim) split into whole tiles,
-    as the kernel needs."""
-    _, tokens, dim = shape
+def mlp_fits_tiles(tokens, dim, hidden):
+    """Whether the products of an MLP of width `hidden` on `tokens` rows of `dim` split into
+    whole tiles, as the kernel needs."""
     config = RELU_SQUARE_CONFIG
-    return (tokens % config["BLOCK_M"] == 0 and 4 * dim % config["BLOCK_N"] == 0
+    return (tokens % config["BLOCK_M"] == 0 and hidden % config["BLOCK_N"] == 0
             and dim % config["BLOCK_K"] == 0)
 
 

@@ -44,8 +44,8 @@ def main():
     results = dict(head=compile_for_h100(
         train_gpt.softcapped_cross_entropy_kernel,
         dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32", scale="fp32",
-             num_columns="i32", softcap="i32", BLOCK="i32"),
-        dict(num_columns=50304, softcap=train_gpt.SOFTCAP, BLOCK=head["BLOCK"]),
+             num_columns="i32", softcap="fp32", BLOCK="i32"),
+        dict(num_columns=50304, softcap=train_gpt.Hyperparameters.softcap, BLOCK=head["BLOCK"]),
         dict(num_warps=head["num_warps"])))
     mlp = dict(train_gpt.RELU_SQUARE_CONFIG)
     launch = dict(num_warps=mlp.pop("num_warps"), num_stages=mlp.pop("num_stages"))

@@ -3,6 +3,7 @@
 Each test needs a CUDA GPU and is skipped without one, with that reason. The CPU tests check the
 same code in fp32 through the dense attention path; these check what only a GPU runs.
 """
+import math
 import re
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from train_gpt import (GPT, DistributedDataLoader, Muon, build_block_mask,
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU; the CPU tests cover the fp32 path")
 ROOT = Path(__file__).resolve().parent.parent
+SOFTCAP = train_gpt.Hyperparameters.softcap
 SAMPLE = ROOT / "data" / "shakespeare"
 # a small model with the reference's head size, on the embedded sample, 2 sequences per step
 SMALL = [f"--train_files={SAMPLE}/shakespeare_train_*.bin",
@@ -49,7 +51,7 @@ def test_flex_attention_matches_dense_sdpa(dtype, tolerance):
 
 
 def test_compiled_bf16_model_matches_fp32_eager():
-    """The GPU's model (compiled, FlexAttention, bf16 stream) against the CPU's (eager, fp32),
+    """The GPU's model (compiled, FlexAttention, the kernels, bf16) against the CPU's (eager, fp32),
     within a tolerance ten times smaller than the change from window 1 to 14: weights large
     enough for attention to matter, and long documents. Measured on a CPU: the fp32 losses at
     windows 1 and 14 differ by 0.116; eager bf16 on a CPU is within 1.3e-3 of them."""
@@ -58,7 +60,7 @@ def test_compiled_bf16_model_matches_fp32_eager():
     reference = perturbed(GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256,
                               max_seq_len=4096), scale=0.5)
     model = GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256, max_seq_len=4096,
-                embed_dtype=torch.bfloat16).cuda()
+                embed_dtype=torch.bfloat16, kernels=True).cuda()
     model.load_state_dict(reference.state_dict())
     rng = np.random.default_rng(1)
     tokens = torch.tensor(np.where(rng.random(4097) < 0.0005, 50256,
@@ -249,12 +251,16 @@ def errors_against_fp32(fns, inputs, grad_out, expected):
     return errors
 
 
-def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(monkeypatch):
-    """A 65,536-token micro-batch against the 50,304-column head, logits reaching well into
-    the cap: the kernel's loss and gradients against fp32, beside torch.compile's bf16 graph."""
+@pytest.mark.parametrize("scale", [0.5, 0.07], ids=["into-the-cap", "trained-scale"])
+def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
+        scale, monkeypatch):
+    """A 65,536-token micro-batch against the 50,304-column head: logits reaching well into the
+    cap (their spread about 14), or spread over a couple of units as a trained head's are, where
+    every term of a row's sum counts. The kernel's loss and gradients against fp32, beside
+    torch.compile's bf16 graph."""
     generator = torch.Generator(device="cuda").manual_seed(0)
     x = F.rms_norm(torch.randn(65536, 768, device="cuda", generator=generator), (768,))
-    weight = torch.randn(50304, 768, device="cuda", generator=generator) * 0.5
+    weight = torch.randn(50304, 768, device="cuda", generator=generator) * scale
     targets = torch.randint(0, 50257, (65536,), device="cuda", generator=generator)
     x, weight = x.bfloat16(), weight.bfloat16()
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32
@@ -263,18 +269,37 @@ def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_g
     for start in range(0, len(x), 8192):  # in fp32, 8,192 rows at a time: 1.6 GB of logits
         rows = slice(start, start + 8192)
         leaves = [x[rows].float().requires_grad_(), weight.float().requires_grad_()]
-        part = train_gpt.head_loss(*leaves, targets[rows]) * 8192 / len(x)
+        part = train_gpt.head_loss(*leaves, targets[rows], SOFTCAP) * 8192 / len(x)
         part.backward()
         loss += part.detach()
         grads[0][rows] += leaves[0].grad
         grads[1] += leaves[1].grad
-    fns = {"fused": lambda *xw: train_gpt.HeadLoss.apply(*xw, targets),
-           "compiled": torch.compile(lambda *xw: train_gpt.head_loss(*xw, targets))}
+    fns = {"fused": lambda *xw: train_gpt.HeadLoss.apply(*xw, targets, SOFTCAP),
+           "compiled": torch.compile(lambda *xw: train_gpt.head_loss(*xw, targets, SOFTCAP))}
     errors = errors_against_fp32(fns, [x, weight], None, (loss, grads))
     print(errors)
     assert errors["fused"][0] < 1e-4, errors
     for fused, compiled in zip(errors["fused"], errors["compiled"]):
         assert fused < 1.5 * compiled + 1e-4, errors
+
+
+def test_a_zero_head_at_the_real_shape_gives_log_vocab_and_a_uniform_gradient():
+    """At initialisation every logit is 0: the loss is ln 50,304 = 10.8258 and each row's
+    gradient (1/V - onehot(target)) / rows, which bf16 rounds to two values in all."""
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    rows, vocab = 65536, 50304
+    x = F.rms_norm(torch.randn(rows, 768, device="cuda", generator=generator), (768,)).bfloat16()
+    weight = torch.zeros(vocab, 768, device="cuda", dtype=torch.bfloat16)
+    targets = torch.randint(0, 50257, (rows,), device="cuda", generator=generator)
+    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, targets, SOFTCAP)
+    assert abs(loss.item() - math.log(vocab)) < 1e-5
+    at_targets = grad_logits[torch.arange(rows, device="cuda"), targets].float()
+    others = grad_logits > 0  # the targets' entries are the negative ones
+    assert others.sum() == rows * (vocab - 1)
+    lowest, highest = grad_logits.where(others, math.inf).amin(), grad_logits.amax()
+    assert at_targets.amin() == at_targets.amax() and lowest == highest
+    for got, exact in [(at_targets[0], (1 / vocab - 1) / rows), (highest, 1 / vocab / rows)]:
+        assert abs(got.item() - exact) <= 2 ** -7 * abs(exact)  # within a bf16 ulp
 
 
 def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
@@ -285,7 +310,7 @@ def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_comp
     w_proj = torch.randn(768, 3072, device="cuda", generator=generator) * 3072 ** -0.5
     grad_out = (torch.randn(65536, 768, device="cuda", generator=generator) / 65536).bfloat16()
     inputs = [t.bfloat16() for t in (x, w_fc, w_proj)]
-    assert train_gpt.mlp_fits_tiles((1, 65536, 768))
+    assert train_gpt.mlp_fits_tiles(65536, 768, 3072)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32
     leaves = [t.float().requires_grad_() for t in inputs]
     value = train_gpt.relu_square_mlp(*leaves)

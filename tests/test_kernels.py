@@ -7,6 +7,7 @@ toward zero (up to one ulp off), a GPU to the nearest (half an ulp). The real sh
 torch.compile, are in test_gpu.py.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,11 +18,17 @@ import torch
 import torch.nn.functional as F
 
 import train_gpt
-from train_gpt import (HeadLoss, ReluSquareMLP, head_loss, mlp_fits_tiles, norm,
-                       relu_square_matmul, relu_square_mlp, softcapped_cross_entropy)
+from train_gpt import (HeadLoss, Hyperparameters, ReluSquareMLP, head_loss, kernel_for,
+                       mlp_fits_tiles, norm, relu_square_matmul, relu_square_mlp,
+                       softcapped_cross_entropy)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H100_BUILD = Path(__file__).resolve().parent / "kernels_for_h100.py"
+SOFTCAP = Hyperparameters.softcap
+# Without Triton (PyTorch's CPU-only builds, macOS) the script runs the recipe's torch code, and
+# only the tests that launch a kernel, on a GPU or in the interpreter, have nothing to test.
+needs_triton = pytest.mark.skipif(train_gpt.triton is None, reason=(
+    "needs Triton, which comes with PyTorch's CUDA builds; without it the kernels never run"))
 
 
 def randn(*shape, scale=1.0, seed):
@@ -56,32 +63,74 @@ def head_inputs(rows=24, vocab=5000, dim=32):
     return x, weight, targets.to(DEVICE)
 
 
+def softcapped_cross_entropy_in_fp64(x, weight, targets, softcap=SOFTCAP):
+    """The op's (mean loss, its gradient over the logits), from torch's autograd in fp64, on
+    the op's own bf16 logits."""
+    logits = (x @ weight.T).double().requires_grad_()
+    loss = F.cross_entropy(softcap * torch.tanh(logits / softcap), targets)
+    loss.backward()
+    return loss.detach(), logits.grad, logits.detach()
+
+
+@needs_triton
 def test_softcapped_cross_entropy_gives_the_loss_and_each_logits_gradient():
     x, weight, targets = head_inputs()
-    loss, grad_logits = softcapped_cross_entropy(x, weight, targets)
-    logits = (x @ weight.T).double().requires_grad_()  # the op's own bf16 logits
-    expected = F.cross_entropy(15 * torch.tanh(logits / 15), targets)
-    expected.backward()
+    loss, grad_logits = softcapped_cross_entropy(x, weight, targets, SOFTCAP)
+    expected, expected_grad, logits = softcapped_cross_entropy_in_fp64(x, weight, targets)
     assert logits.abs().max() > 45  # some well into the cap, where tanh' is below 0.01
     assert abs(loss.item() - expected.item()) < 1e-6 * expected.item()
     assert grad_logits.dtype == torch.bfloat16 and grad_logits.shape == logits.shape
     # exp and log in fp32 are exact to about 1e-6 relative, over the row's whole range
-    assert within_one_ulp(grad_logits, logits.grad, slack=1e-5 * logits.grad.abs())
+    assert within_one_ulp(grad_logits, expected_grad, slack=1e-5 * expected_grad.abs())
 
 
+@needs_triton
+def test_a_zero_head_gives_log_vocab_and_a_uniform_gradient():
+    """Every logit 0, as at initialisation: each row's loss is exactly ln V, and its gradient
+    (1/V - onehot(target)) / rows. A column past the end of the logits counted in the row's sum
+    (the last block of 2,048 columns reaches 896 past the 50,304) moves the loss by 0.018."""
+    rows, vocab = 16, 50304
+    x, weight = randn(rows, 64, seed=9), torch.zeros(vocab, 64, dtype=torch.bfloat16).to(DEVICE)
+    targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(10))
+    targets[0] = vocab - 1
+    loss, grad_logits = softcapped_cross_entropy(x, weight, targets.to(DEVICE), SOFTCAP)
+    assert abs(loss.item() - math.log(vocab)) < 1e-5  # 10.8258
+    expected = torch.full((rows, vocab), 1 / vocab, dtype=torch.float64)
+    expected[torch.arange(rows), targets] -= 1
+    assert within_one_ulp(grad_logits.cpu(), expected / rows)
+
+
+@needs_triton
+def test_logits_of_a_trained_models_scale_give_torchs_loss_and_gradient():
+    """The logits of a trained head spread over a few units, below the cap's knee (the other
+    head tests drive them deep into it, where a row's sum is one or two terms): here every term
+    of the sum counts, and the loss must be torch's to 1e-6."""
+    rows, vocab, dim = 16, 50304, 64
+    x, weight = randn(rows, dim, seed=11), randn(vocab, dim, scale=0.3, seed=12)
+    targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(13))
+    targets = targets.to(DEVICE)
+    loss, grad_logits = softcapped_cross_entropy(x, weight, targets, SOFTCAP)
+    expected, expected_grad, logits = softcapped_cross_entropy_in_fp64(x, weight, targets)
+    assert 1.5 < logits.std() < 4 and logits.abs().max() < 15  # no logit past the cap
+    assert 8 < expected < 14  # a loss that training passes through
+    assert abs(loss.item() - expected.item()) < 1e-6 * expected.item()
+    assert within_one_ulp(grad_logits, expected_grad, slack=1e-5 * expected_grad.abs())
+
+
+@needs_triton
 def test_softcapped_cross_entropy_reads_targets_of_any_stride():
     x, weight, targets = head_inputs()
     every_other = torch.stack([targets, torch.zeros_like(targets)], dim=1)[:, 0]
     assert not every_other.is_contiguous()
-    assert softcapped_cross_entropy(x, weight, every_other)[0] == \
-        softcapped_cross_entropy(x, weight, targets)[0]
+    assert softcapped_cross_entropy(x, weight, every_other, SOFTCAP)[0] == \
+        softcapped_cross_entropy(x, weight, targets, SOFTCAP)[0]
 
 
-def softcapped_cross_entropy_exactly(x, weight, targets):
+def softcapped_cross_entropy_exactly(x, weight, targets, softcap):
     """What the op returns, from torch's autograd: (mean loss, its gradient over the logits)."""
     with torch.enable_grad():  # autograd.Function.forward runs without
         logits = (x @ weight.T).requires_grad_()
-        loss = F.cross_entropy(15 * torch.tanh(logits / 15), targets)
+        loss = F.cross_entropy(softcap * torch.tanh(logits / softcap), targets)
         return loss.detach(), torch.autograd.grad(loss, logits)[0]
 
 
@@ -93,7 +142,7 @@ def test_head_loss_differentiates_like_the_reference(scale, monkeypatch):
     x, weight, targets = head_inputs()
     fused = [x.double().requires_grad_(), weight.double().requires_grad_()]
     reference = [x.double().requires_grad_(), weight.double().requires_grad_()]
-    losses = [HeadLoss.apply(*fused, targets), head_loss(*reference, targets)]
+    losses = [HeadLoss.apply(*fused, targets, SOFTCAP), head_loss(*reference, targets, SOFTCAP)]
     for loss in losses:
         (scale * loss).backward()
     assert abs(losses[0].item() - losses[1].item()) < 1e-5
@@ -101,14 +150,15 @@ def test_head_loss_differentiates_like_the_reference(scale, monkeypatch):
         assert relative_error(got.grad, expected.grad) < 1e-5
 
 
+@needs_triton
 def test_head_loss_kernel_in_bf16_is_as_close_to_fp64_as_torch():
     x, weight, targets = head_inputs()
     errors = []
     for loss_fn in (HeadLoss.apply, head_loss):
         leaves = [x.clone().requires_grad_(), weight.clone().requires_grad_()]
-        loss_fn(*leaves, targets).backward()
+        loss_fn(*leaves, targets, SOFTCAP).backward()
         exact = [x.double().requires_grad_(), weight.double().requires_grad_()]
-        head_loss(*exact, targets).backward()
+        head_loss(*exact, targets, SOFTCAP).backward()
         errors.append([relative_error(t.grad, e.grad) for t, e in zip(leaves, exact)])
     assert max(errors[0]) < 2 * max(errors[1]) + 1e-3, errors  # torch's: about 4e-3
 
@@ -117,17 +167,18 @@ def test_head_loss_kernel_in_bf16_is_as_close_to_fp64_as_torch():
 MLP_SHAPE = dict(tokens=1280, dim=128, hidden=512)
 
 
-def mlp_inputs():
-    tokens, dim, hidden = MLP_SHAPE.values()
+def mlp_inputs(hidden=MLP_SHAPE["hidden"]):
+    tokens, dim = MLP_SHAPE["tokens"], MLP_SHAPE["dim"]
     x = randn(tokens, dim, seed=3)
     w_fc = randn(hidden, dim, scale=dim ** -0.5, seed=4)
     w_proj = randn(dim, hidden, scale=hidden ** -0.5, seed=5)
     return x, w_fc, w_proj
 
 
+@needs_triton
 def test_relu_square_matmul_forward_writes_the_product_and_its_relu_squared():
     x, w_fc, _ = mlp_inputs()
-    assert mlp_fits_tiles((1, MLP_SHAPE['tokens'], MLP_SHAPE['dim']))
+    assert mlp_fits_tiles(*MLP_SHAPE.values())
     pre, h = relu_square_matmul(x, w_fc.T, None)  # w_fc.T: a transposed view, as the MLP passes
     exact = x.double() @ w_fc.double().T
     assert within_one_ulp(pre, exact, slack=fp32_sum_error(x, w_fc.T))
@@ -135,6 +186,7 @@ def test_relu_square_matmul_forward_writes_the_product_and_its_relu_squared():
     assert (pre < 0).any() and (pre > 0).any()
 
 
+@needs_triton
 def test_relu_square_matmul_backward_multiplies_by_twice_the_relu():
     x, w_fc, w_proj = mlp_inputs()
     pre = (x @ w_fc.T).contiguous()
@@ -174,9 +226,12 @@ def test_relu_square_mlp_differentiates_like_the_reference(monkeypatch):
         assert relative_error(got.grad, expected.grad) < 1e-12
 
 
-def test_relu_square_mlp_kernel_in_bf16_is_about_as_close_to_fp64_as_torch():
+@needs_triton
+@pytest.mark.parametrize("hidden", [512, 768], ids=["4x", "6x"])  # the recipe's width, another
+def test_relu_square_mlp_kernel_in_bf16_is_about_as_close_to_fp64_as_torch(hidden):
     """The interpreter's rounding toward zero adds up to about twice torch's 4e-3."""
-    inputs = mlp_inputs()
+    inputs = mlp_inputs(hidden)
+    assert kernel_for(relu_square_mlp, *inputs) == ReluSquareMLP.apply
     grad_out = randn(len(inputs[0]), inputs[0].size(1), seed=7)
     exact = [t.double().requires_grad_() for t in inputs]
     relu_square_mlp(*exact).backward(grad_out.double())
@@ -188,31 +243,39 @@ def test_relu_square_mlp_kernel_in_bf16_is_about_as_close_to_fp64_as_torch():
     assert max(errors[0]) < 3 * max(errors[1]), errors
 
 
-@pytest.mark.parametrize("tokens, dim, fits", [(65536, 768, True), (4096, 256, True),
-                                               (4096, 200, False), (4096, 96, False),
-                                               (4000, 256, False)])
-def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, fits):
-    assert mlp_fits_tiles((1, tokens, dim)) == fits
+@pytest.mark.parametrize("tokens, dim, hidden, fits", [
+    (65536, 768, 3072, True), (4096, 256, 1024, True), (4096, 256, 768, True),  # 3 x 256
+    (4096, 200, 800, False), (4096, 96, 384, False), (4000, 256, 1024, False),
+    (4096, 128, 384, False)])
+def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, hidden, fits):
+    assert mlp_fits_tiles(tokens, dim, hidden) == fits
+    x, w_fc, w_proj = (torch.empty(tokens, dim), torch.empty(hidden, dim),
+                       torch.empty(dim, hidden))
+    expected = ReluSquareMLP.apply if fits and train_gpt.triton else relu_square_mlp
+    assert kernel_for(relu_square_mlp, x, w_fc, w_proj) == expected
 
 
-@pytest.mark.parametrize("tokens, hidden", [(1200, 512), (1280, 256)])  # rows; N = 2 K
+@pytest.mark.parametrize("tokens, hidden", [(1200, 512), (1280, 384)])
 def test_the_mlp_kernel_refuses_a_product_it_cannot_tile(tokens, hidden):
-    x, w_fc, _ = mlp_inputs()
-    with pytest.raises(ValueError, match=f"{tokens} x 128 by 128 x {hidden} product is not"):
-        relu_square_matmul(x[:tokens], w_fc[:hidden].T, None)
+    x, w_fc, _ = mlp_inputs(hidden=512)
+    w_fc = randn(hidden, x.size(1), seed=4)
+    with pytest.raises(ValueError, match=f"{tokens} x 128 by 128 x {hidden} product does not"):
+        relu_square_matmul(x[:tokens], w_fc.T, None)
 
 
+@needs_triton
 def test_each_op_keeps_to_its_registered_schema_and_shapes():
     """torch.library.opcheck: the schema, the fake implementation's shapes, dtypes and strides
     against the real outputs, and the op under AOT dispatch."""
     x, weight, targets = head_inputs(rows=16, vocab=300)
-    torch.library.opcheck(softcapped_cross_entropy, (x, weight, targets))
+    torch.library.opcheck(softcapped_cross_entropy, (x, weight, targets, SOFTCAP))
     x, w_fc, w_proj = mlp_inputs()
     pre, _ = relu_square_matmul(x, w_fc.T, None)
     torch.library.opcheck(relu_square_matmul, (x, w_fc.T, None))
     torch.library.opcheck(relu_square_matmul, (x, w_proj, pre))
 
 
+@needs_triton
 def test_both_kernels_compile_into_one_graph_with_the_eager_results():
     """torch.compile sees each kernel through its registered shapes: no graph break, and the
     loss and gradients of eager mode."""
@@ -222,7 +285,7 @@ def test_both_kernels_compile_into_one_graph_with_the_eager_results():
 
     def loss(x, w_fc, w_proj, weight):
         return HeadLoss.apply(norm(x + ReluSquareMLP.apply(x, w_fc, w_proj)), weight,
-                              targets.to(DEVICE))
+                              targets.to(DEVICE), SOFTCAP)
 
     results = []
     for fn in (loss, torch.compile(loss, fullgraph=True)):
@@ -234,6 +297,7 @@ def test_both_kernels_compile_into_one_graph_with_the_eager_results():
         assert relative_error(compiled, eager) < 1e-2
 
 
+@needs_triton
 def test_the_kernels_compile_for_an_h100_with_the_products_on_pipelined_tensor_cores(tmp_path):
     """Triton's compiler and ptxas, not its interpreter, with an empty kernel cache."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -246,3 +310,16 @@ def test_the_kernels_compile_for_an_h100_with_the_products_on_pipelined_tensor_c
         assert compiled[part]["wgmma"], part
         assert compiled[part]["stages"] == train_gpt.RELU_SQUARE_CONFIG["num_stages"], part
         assert compiled[part]["shared_bytes"] <= 227 * 1024, part  # an H100's per block
+
+
+def test_without_triton_the_kernel_tests_skip_with_their_reason():
+    """PyTorch's CPU-only builds come without Triton: the tests that launch a kernel skip and
+    say why, and the rest (the autograd of each Function, the dispatch to the recipe) pass."""
+    code = ("import sys; sys.modules['triton'] = None; import pytest; sys.exit(pytest.main("
+            f"['-q', '-rs', '-p', 'no:cacheprovider', '-k', 'not without_triton', {__file__!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    summary = result.stdout.splitlines()[-1]
+    assert " passed" in summary and " skipped" in summary and "failed" not in summary, summary
+    assert "needs Triton, which comes with PyTorch's CUDA builds" in result.stdout

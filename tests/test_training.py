@@ -3,6 +3,7 @@ import dataclasses
 import datetime
 import importlib.util
 import io
+import math
 import os
 import re
 import socket
@@ -185,6 +186,8 @@ SWEEP = [
      r"--no_attention_layers names layer 2, but the model's layers are 0 to 1"),
     ("--num_iterations=0", UserError, r"--num_iterations=0 must be positive"),
     ("--cooldown_frac=1.5", UserError, r"--cooldown_frac=1.5 must lie in \[0, 1\]"),
+    ("--softcap=0", UserError, r"--softcap=0.0 must be a finite number above 0"),
+    ("--softcap=inf", UserError, r"--softcap=inf must be a finite number above 0"),
     ("--embed_lr=-0.6", UserError, r"--embed_lr=-0.6 must be a finite number, 0 or more"),
     ("--head_lr=nan", UserError, r"--head_lr=nan must be a finite number"),
     ("--scalar_lr=inf", UserError, r"--scalar_lr=inf must be a finite number"),
@@ -313,6 +316,28 @@ def test_one_and_two_processes_train_the_same_with_or_without_warm_up(tmp_path):
     assert list(one) == [0, 2, 4] and two == warm, (two, warm)
     assert one == pytest.approx(two, rel=1e-6, abs=0)
     assert one[4] < one[0] - 0.5  # and it trained
+
+
+def test_the_gpus_path_on_two_ranks_trains_as_one_process_of_the_recipe(tmp_path):
+    """What a GPU run does, on a CPU: the model compiled, the head and the MLP through their
+    kernels (in Triton's interpreter, in fp32), DDP over two ranks, which splits the compiled
+    graph at its gradient buckets. Against one process running the recipe's torch code eagerly.
+    One sequence of 128 tokens per rank and step, since the interpreter takes 2 s for the head
+    of one; 3 steps, as the zero-initialised projections leave the MLP's first matrix without a
+    gradient until then. Measured: the val loss at step 3 moves by 2e-4 between the kernels and
+    torch, and by as much between compiled and eager; one process on this path gives the two
+    ranks' losses exactly."""
+    argv = TINY + ["--batch_size=256", "--micro_batch_size=128", "--val_tokens=256",
+                   "--num_iterations=3", "--val_every=3"]
+    one = main(argv + [f"--log_dir={tmp_path}"])
+    two = launch(tmp_path, "gpu_path", 2, argv)
+    assert list(two["val_losses"]) == [0, 3]
+    assert two["val_losses"][0] == pytest.approx(math.log(50304), abs=1e-5)
+    assert two["val_losses"][3] == pytest.approx(one[3], abs=1e-3) and one[3] < one[0] - 0.2
+    # every forward took both kernels: 3 steps and 2 validations of one sequence per rank, with
+    # 2 MLPs a forward, whose kernel runs once more in a training step's backward
+    assert two["launches"] == dict(softcapped_cross_entropy_kernel=3 + 2,
+                                   relu_square_matmul_kernel=2 * (3 * 2 + 2))
 
 
 @pytest.mark.parametrize("layout", [["--num_layers=12", "--no_attention_layers=0,9"],

@@ -1,6 +1,9 @@
 """Launched by tests/test_training.py, with plain python (one process) or torchrun (gloo):
 
     training_worker.py train OUT [--name=value ...]   runs train_gpt.main, saves its val losses
+    training_worker.py gpu_path OUT [...]  the same on the GPU's path: compiled, with the kernels
+                                         (in Triton's interpreter on a CPU); saves the val losses
+                                         and how many times each kernel was launched
     training_worker.py grads OUT [--name=value ...]   one train_step, saves the gradients
     training_worker.py crash OUT [...]   train, but the last rank dies in step 5 of the first
                                          attempt (torchrun --max-restarts then starts it again)
@@ -51,6 +54,30 @@ def gradients(argv):
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+class Counted:
+    """A Triton kernel that counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+def on_the_gpu_path():
+    """build_model as on a GPU, and the kernels counted; returns the counted kernels."""
+    build_model = train_gpt.build_model
+    train_gpt.build_model = lambda args, device: build_model(args, device, gpu_path=True)
+    # the head's row in one block, not 25: the interpreter then takes 5 s for 256 rows, not 52
+    train_gpt.HEAD_LOSS_CONFIG.update(BLOCK=65536)
+    kernels = {}
+    for name in ("softcapped_cross_entropy_kernel", "relu_square_matmul_kernel"):
+        kernels[name] = Counted(getattr(train_gpt, name))
+        setattr(train_gpt, name, kernels[name])
+    return kernels
+
+
 def break_step(mode, call):
     """Wrap train_step so that on the last rank its `call`-th call dies, returns NaN, gets a
     signal (rank 0 for torchrun_sigterm) or never returns."""
@@ -96,8 +123,9 @@ def sigterm_through_torchrun():
 if __name__ == "__main__":
     torch.set_num_threads(1)
     (mode, _, call), out, argv = sys.argv[1].partition(":"), Path(sys.argv[2]), sys.argv[3:]
-    if mode not in ("train", "grads", "diskfull"):
+    if mode not in ("train", "grads", "diskfull", "gpu_path"):
         break_step(mode, int(call or 5))
+    kernels = on_the_gpu_path() if mode == "gpu_path" else None
     if mode == "diskfull" and os.environ["RANK"] == "0":
         written, write = [], train_gpt.write_checkpoint
 
@@ -110,6 +138,9 @@ if __name__ == "__main__":
     code = 0
     try:
         result = gradients(argv) if mode == "grads" else train_gpt.main(argv)
+        if kernels:
+            result = dict(val_losses=result,
+                          launches={name: k.launches for name, k in kernels.items()})
         if not dist.is_initialized() or dist.get_rank() == 0:
             torch.save(result, out / "result.pt")
     except train_gpt.UserError as err:

@@ -1,0 +1,205 @@
+"""An attempt at a record is a copy of train_gpt.py with edits. Each edit of the recipe must
+reach the GPU's path as well as the CPU's, or stop the GPU's run in one line before it trains.
+
+Copies are written to a temporary folder and loaded as modules of their own. The kernels run on
+a CPU through Triton's interpreter (conftest.py turns it on), at small shapes.
+"""
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train_gpt
+from test_model import block_mask_to_dense, random_documents
+from test_kernels import needs_triton, randn, relative_error, softcapped_cross_entropy_in_fp64
+
+TRAIN_GPT = Path(__file__).resolve().parent.parent / "train_gpt.py"
+# The reference model's head and a small model: the kernels' dispatch is the GPU run's.
+SMALL = dict(vocab_size=50257, num_layers=2, num_heads=2, model_dim=128, max_seq_len=256)
+SMALL_ARGS = ["--num_layers=2", "--num_heads=2", "--model_dim=128"]
+
+
+def load_copy(folder, name, *edits):
+    """train_gpt.py with each (old, new) text replaced, written to folder/name.py and loaded as
+    the module `name`."""
+    source = TRAIN_GPT.read_text()
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would; dataclasses look the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def copies(tmp_path):
+    loaded = []
+
+    def load(name, *edits):
+        loaded.append(name)
+        return load_copy(tmp_path, name, *edits)
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)
+
+
+GELU = ("F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+        "F.linear(F.gelu(F.linear(x, w_fc)), w_proj)")
+LABEL_SMOOTHING = ("F.cross_entropy(logits.float(), targets)",
+                   "F.cross_entropy(logits.float(), targets, label_smoothing=0.1)")
+Z_LOSS = ("return F.cross_entropy(logits.float(), targets)",
+          "return F.cross_entropy(logits.float(), targets) "
+          "+ 1e-4 * logits.float().logsumexp(-1).square().mean()")
+CAP_30 = ("logits = softcap * torch.tanh(logits / softcap)",
+          "logits = 30 * torch.tanh(logits / 30)")
+
+
+@pytest.mark.parametrize("edit, recipe", [(GELU, "relu_square_mlp"),
+                                          (LABEL_SMOOTHING, "head_loss"), (Z_LOSS, "head_loss"),
+                                          (CAP_30, "head_loss")],
+                         ids=["gelu", "label-smoothing", "z-loss", "cap-written-in"])
+def test_an_edited_recipe_function_stops_the_gpu_path_in_one_line(edit, recipe, copies):
+    attempt = copies("attempt", edit)
+    args = attempt.parse_args(SMALL_ARGS)
+    with pytest.raises(attempt.UserError) as stopped:
+        attempt.build_model(args, torch.device("cpu"), gpu_path=True)
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message.startswith(f"attempt.py: {recipe} is not the code that ")
+    assert "--kernels=false" in message
+    # the fix it names: the kernel made to compute the new code, and its fingerprint
+    found = message.split(f'KERNEL_RECIPES["{recipe}"] = "')[1].rstrip('"')
+    assert found == attempt.recipe_fingerprint(getattr(attempt, recipe))
+    assert found != train_gpt.KERNEL_RECIPES[recipe]
+    fixed = copies("fixed", edit, (f'{recipe}="{train_gpt.KERNEL_RECIPES[recipe]}"',
+                                   f'{recipe}="{found}"'))
+    fixed.build_model(args, torch.device("cpu"), gpu_path=True)
+    # the other way out: the recipe's torch code on the GPU, which trains the edit
+    model, _, _ = attempt.build_model(args, torch.device("cpu"), gpu_path=False)
+    assert not model.kernels
+
+
+def test_the_unedited_file_and_edits_of_words_alone_take_the_kernels(copies):
+    """Docstrings, comments and the layout of a line are not the code a kernel computes."""
+    reworded = copies("reworded", (
+        '    """The MLP: ReLU^2 between two products, relu(x w_fc^T)^2 w_proj^T."""',
+        '    """ReLU squared."""  # the speedrun\'s activation'),
+        ("return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+         "return F.linear(F.relu(F.linear(x,\n"
+         "                                 w_fc)).square(), w_proj)"))
+    for module in (train_gpt, reworded):
+        model = module.GPT(**SMALL, kernels=True)
+        assert model.kernels and model.blocks[0].mlp.kernel
+    assert reworded.recipe_fingerprint(reworded.relu_square_mlp) == \
+        train_gpt.KERNEL_RECIPES["relu_square_mlp"]
+
+
+@needs_triton
+@pytest.mark.parametrize("softcap", [15.0, 30.0, 5.0])
+def test_the_soft_cap_reaches_the_kernel_as_it_reaches_the_recipe(softcap):
+    """--softcap, the record's own change, is an argument of both; the kernel follows the
+    recipe's loss to 1e-6, on the same bf16 logits."""
+    x, weight = randn(32, 64, seed=0), randn(5000, 64, scale=0.6, seed=1)
+    targets = torch.randint(0, 5000, (32,), generator=torch.Generator().manual_seed(2))
+    kernel = train_gpt.HeadLoss.apply(x, weight, targets, softcap).item()
+    recipe = softcapped_cross_entropy_in_fp64(x, weight, targets, softcap)[0].item()
+    at_15 = softcapped_cross_entropy_in_fp64(x, weight, targets, 15.0)[0].item()
+    assert abs(kernel - recipe) < 1e-6 * recipe
+    assert softcap == 15 or abs(recipe - at_15) > 1
+    args = train_gpt.parse_args([f"--softcap={softcap:g}", *SMALL_ARGS])
+    assert args.softcap == softcap
+    model, _, _ = train_gpt.build_model(args, torch.device("cpu"), gpu_path=True)
+    assert model.softcap == softcap and model.kernels
+
+
+def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(copies):
+    """The kernel sums exp(capped logit) over a row in fp32 with no running maximum: 50,304 e^77
+    fits in fp32, 50,304 e^78 does not. The recipe's torch code has no such limit."""
+    with pytest.raises(train_gpt.UserError, match=r"^--softcap=78.0: the head kernel sums "
+                       r"exp\(logit\) over 50304 columns in fp32, which holds caps up to 77; "):
+        train_gpt.GPT(**SMALL, softcap=78.0, kernels=True)
+    train_gpt.GPT(**SMALL, softcap=77.0, kernels=True)
+    assert 50304 * math.exp(77) < torch.finfo(torch.float32).max < 50304 * math.exp(78)
+    recipe = train_gpt.GPT(**SMALL, softcap=1e4)
+    inputs = torch.randint(0, 50257, (256,), generator=torch.Generator().manual_seed(0))
+    assert recipe(inputs, inputs, torch.tensor(1)).item() == pytest.approx(math.log(50304))
+
+
+@needs_triton
+def test_the_kernel_at_the_largest_cap_it_takes_stays_finite():
+    """Every logit far past the cap of 77, so each term of a row's sum is e^77 and the loss is
+    exactly ln 50,304, with a gradient of 0 (tanh' is 0 that far out)."""
+    x = torch.ones(4, 64, dtype=torch.bfloat16)
+    weight = torch.full((50304, 64), 100.0, dtype=torch.bfloat16)  # logits of 6,400
+    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, torch.arange(4), 77.0)
+    assert loss.item() == pytest.approx(math.log(50304), abs=1e-5)
+    assert grad_logits.abs().max() == 0
+
+
+@needs_triton
+def test_two_copies_in_one_process_keep_their_own_kernels(copies):
+    """A copy whose kernel reports its loss plus one, loaded after train_gpt: each module's
+    head runs its own kernel, before and after, and the copy's is the one plus one."""
+    x, weight = randn(8, 64, seed=3), randn(5000, 64, scale=0.5, seed=4)
+    targets = torch.randint(0, 5000, (8,), generator=torch.Generator().manual_seed(5))
+    before = train_gpt.HeadLoss.apply(x, weight, targets, 15.0).item()
+    attempt = copies("attempt", ("tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)",
+                                 "tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target "
+                                 "+ 1)"))
+    assert attempt.OPS != train_gpt.OPS
+    assert train_gpt.HeadLoss.apply(x, weight, targets, 15.0).item() == before
+    assert attempt.HeadLoss.apply(x, weight, targets, 15.0).item() == pytest.approx(before + 1)
+    assert torch.compile(train_gpt.HeadLoss.apply)(x, weight, targets, 15.0).item() == \
+        pytest.approx(before, rel=1e-6)
+
+
+NO_DOCUMENTS = ("return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)",
+                "return kv_idx <= q_idx")
+WIDER_WINDOW = ("in_window = q_blk - kv_blk < window_blocks",
+                "in_window = q_blk - kv_blk <= window_blocks")
+
+
+@pytest.mark.parametrize("edit", [NO_DOCUMENTS, WIDER_WINDOW], ids=["no-documents", "window"])
+def test_an_edit_of_the_mask_reaches_both_attention_paths(edit, copies):
+    """The CPU's dense mask is FlexAttention's: the same blocks and the same per-token rule,
+    read from the BlockMask as FlexAttention reads it."""
+    attempt = copies("attempt", edit)
+    rng = np.random.default_rng(0)
+    changed = False
+    for layout in ["many_short", "few_long", "block_edges"]:
+        inputs = random_documents(rng, 6, layout)
+        for window in [1, 2, 4]:
+            window = torch.tensor(window)
+            dense = attempt.dense_attention_mask(inputs, window)
+            assert torch.equal(dense, block_mask_to_dense(attempt.build_block_mask(inputs, window),
+                                                          inputs)), (layout, window)
+            changed |= not torch.equal(dense, train_gpt.dense_attention_mask(inputs, window))
+    assert changed  # and the edit did change the mask
+
+
+@needs_triton
+def test_a_narrower_mlp_takes_the_kernel_where_its_tiles_divide_and_the_recipe_elsewhere(copies):
+    """A copy with 3 x dim hidden units: 768 at a width of 256 splits into the kernel's tiles of
+    256 columns, 384 at 128 does not."""
+    attempt = copies("attempt", ("self.c_fc = CastedLinear(dim, 4 * dim)",
+                                 "self.c_fc = CastedLinear(dim, 3 * dim)"),
+                     ("self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)",
+                      "self.c_proj = CastedLinear(3 * dim, dim, zero_init=True)"))
+    for dim, kernel in [(256, attempt.ReluSquareMLP.apply), (128, attempt.relu_square_mlp)]:
+        torch.manual_seed(0)
+        mlp = attempt.MLP(dim, kernel=True)
+        torch.nn.init.normal_(mlp.c_proj.weight, std=dim ** -0.5)
+        x = randn(1, 128, dim, seed=6)
+        args = (x[0], mlp.c_fc.weight.type_as(x), mlp.c_proj.weight.type_as(x))
+        assert mlp.c_fc.weight.shape == (3 * dim, dim)
+        assert attempt.kernel_for(attempt.relu_square_mlp, *args) == kernel
+        expected = attempt.relu_square_mlp(*(t.double() for t in args))
+        assert relative_error(mlp(x)[0], expected) < 1e-2, dim
