@@ -1,6 +1,6 @@
 """Time each GPU kernel of train_gpt.py against the compiled pure-torch computation it replaces.
 
-    python benchmarks/bench_kernels.py [--json bench_kernels.json] [--sweep]
+    python benchmarks/bench_kernels.py [--script attempt.py] [--json bench_kernels.json] [--sweep]
 
 At the reference shapes of one 65,536-token micro-batch: the head and its loss (768 -> 50,304
 columns) and one MLP (768 -> 3,072 -> 768), forward and backward, in bf16. Each is timed with
@@ -8,7 +8,7 @@ CUDA events (median of --repeats calls after 3 warm-up calls), and its peak memo
 inputs is read from the allocator. With --sweep, each kernel's launch configuration is swept
 too (the file's own is marked): the table says whether another one is faster. A configuration
 that needs more registers or shared memory than the GPU has is named, with Triton's error, and
-skipped.
+skipped. --script times the kernels of a copy of train_gpt.py instead.
 """
 import argparse
 import json
@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import train_gpt  # noqa: E402
+from training_script import TRAIN_GPT, load_script
 
 TOKENS, DIM, VOCAB = 65536, 768, 50304
 # The last three read a row in 4, 2 or 1 iterations, 1,024 threads a program (32 to 64 registers
@@ -66,6 +65,8 @@ def time_ms(fn, inputs, extra, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--script", default=TRAIN_GPT,
+                        help="the training script whose kernels to time (default: train_gpt.py)")
     parser.add_argument("--json", default="bench_kernels.json")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--sweep", action="store_true")
@@ -73,6 +74,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("error: bench_kernels.py times GPU kernels and needs a CUDA GPU")
     from triton.runtime.errors import OutOfResources
+    script = load_script(args.script)
     generator = torch.Generator(device="cuda").manual_seed(0)
 
     def randn(*shape, scale=1.0):
@@ -82,10 +84,11 @@ def main():
     head = randn(VOCAB, DIM, scale=0.5)
     targets = torch.randint(0, 50257, (TOKENS,), device="cuda", generator=generator)
     w_fc, w_proj = randn(4 * DIM, DIM, scale=DIM ** -0.5), randn(DIM, 4 * DIM, scale=0.02)
-    cases = [("head", train_gpt.head_loss, train_gpt.HeadLoss.apply, [x, head], [targets],
-              train_gpt.HEAD_LOSS_CONFIG, HEAD_SWEEP),
-             ("mlp", train_gpt.relu_square_mlp, train_gpt.ReluSquareMLP.apply, [x, w_fc, w_proj],
-              [], train_gpt.RELU_SQUARE_CONFIG, MLP_SWEEP)]
+    softcap = script.Hyperparameters.softcap
+    cases = [("head", script.head_loss, script.HeadLoss.apply, [x, head], [targets, softcap],
+              script.HEAD_LOSS_CONFIG, HEAD_SWEEP),
+             ("mlp", script.relu_square_mlp, script.ReluSquareMLP.apply, [x, w_fc, w_proj],
+              [], script.RELU_SQUARE_CONFIG, MLP_SWEEP)]
     results = []
 
     def record(**row):  # each row as it comes: a crash or a timeout keeps the rows before it

@@ -1,10 +1,12 @@
 """Time the training step of train_gpt.py: compile and warm-up, the step and its parts, memory.
 
-    python benchmarks/bench_step.py [--steps 20] [--json bench_step.json] [--name=value ...]
+    python benchmarks/bench_step.py [--script attempt.py] [--steps 20] [--json bench_step.json]
+                                    [--name=value ...]
     torchrun --standalone --nproc_per_node=8 benchmarks/bench_step.py [...]
 
-Builds the model, optimizers and train loader exactly as train_gpt.py does (any hyperparameter
-can be overridden as --name=value), runs --warmup steps (compilation happens here), then times
+Builds the model, optimizers and train loader exactly as the script does (train_gpt.py, or a
+copy of it given with --script; any hyperparameter can be overridden as --name=value), runs
+--warmup steps (compilation happens here), then times
 --steps steps. The steps run at the schedule of --at_step onwards (default: the middle of the
 run, where the attention window is half-grown, so a step costs about the run's average).
 
@@ -15,7 +17,8 @@ the parts are timed with CUDA events, so timing adds no synchronisation to the s
 
 Model FLOPs per step and rank: 6 x the matrix parameters a token passes through (those of the
 blocks and the head, not the embedding tables) x the rank's tokens, plus 12 x model_dim x the
-(query, key) pairs the attention mask allows, per attention layer, counted on the real batches.
+(query, key) pairs the attention mask allows, per attention layer, counted on the real batches
+(by train_gpt.py's mask, whatever the script's).
 The loop's log lines and loss reduction are not part of the timed step.
 
 With --profile N, N more steps run under torch.profiler: their Chrome trace (gzipped), the kernels
@@ -39,8 +42,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import train_gpt  # noqa: E402
+from training_script import TRAIN_GPT, load_script
+
+sys.path.insert(0, str(TRAIN_GPT.parent))
 from train_gpt import BLOCK_SIZE, EOT_TOKEN  # noqa: E402
 
 
@@ -203,6 +207,8 @@ class Timer:
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Other --name=value arguments set hyperparameters.")
+    parser.add_argument("--script", default=TRAIN_GPT,
+                        help="the training script to time (default: train_gpt.py)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--at_step", type=int, help="schedule step of the first timed step "
@@ -216,31 +222,32 @@ def parse(argv):
     own, overrides = parser.parse_known_args(argv)
     if own.steps < 1 or own.warmup < 0 or own.profile < 0:
         parser.error("--steps must be 1 or more, --warmup and --profile 0 or more")
-    return own, train_gpt.parse_args(overrides)
+    script = load_script(own.script)
+    return own, script, script.parse_args(overrides)
 
 
 def main(argv=None):
-    own, args = parse(sys.argv[1:] if argv is None else argv)
-    rank, world_size, device = train_gpt.setup_device()
-    train_gpt.check_config(args, world_size, val_shard_tokens=float("inf"))  # no validation here
-    seq_len = train_gpt.sequence_length(args, world_size)
-    loader = train_gpt.DistributedDataLoader(args.train_files, rank, world_size, device,
-                                             args.vocab_size)
-    model, _, ddp_model = train_gpt.build_model(args, device)
-    adam, muon = train_gpt.build_optimizers(model, args)
+    own, script, args = parse(sys.argv[1:] if argv is None else argv)
+    rank, world_size, device = script.setup_device()
+    script.check_config(args, world_size, val_shard_tokens=float("inf"))  # no validation here
+    seq_len = script.sequence_length(args, world_size)
+    loader = script.DistributedDataLoader(args.train_files, rank, world_size, device,
+                                          args.vocab_size)
+    model, _, ddp_model = script.build_model(args, device)
+    adam, muon = script.build_optimizers(model, args)
     window = torch.tensor(1, dtype=torch.int32, device=device)
     timer = Timer(device)
     first = args.num_iterations // 2 if own.at_step is None else own.at_step
 
     def run_step(step):
         """One training step, as the script's loop runs it; returns its marks and batch."""
-        blocks = train_gpt.window_blocks(step, args.num_iterations)
+        blocks = script.window_blocks(step, args.num_iterations)
         window.fill_(blocks)
         begin = timer.mark()
         inputs, targets = loader.next_batch(args.batch_size)
-        train_gpt.train_step(ddp_model, inputs, targets, window, seq_len)
+        script.train_step(ddp_model, inputs, targets, window, seq_len)
         backward_done = timer.mark()
-        train_gpt.optimizer_step(adam, muon, step, args)
+        script.optimizer_step(adam, muon, step, args)
         return (begin, backward_done, timer.mark()), (inputs, blocks)
 
     started = time.perf_counter()
@@ -259,6 +266,7 @@ def main(argv=None):
         step_flops(model, args, inputs, blocks, seq_len) for inputs, blocks in batches))]
     tokens_per_s, mfu = throughput(tokens, step_ms, sum(flops), own.peak_tflops)
     results = dict(
+        script=str(Path(own.script).resolve()),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, world_size=world_size, timed_steps=own.steps, first_step=first,
         window_blocks=sorted({blocks for _, blocks in batches}),

@@ -6,11 +6,14 @@
 Runs BASELINE and ATTEMPT in alternation, A B A B ..., N times each (default 3), every run with
 the same overrides (the arguments after `--`) and a --log_dir of its own under DIR; with G > 1
 through `torchrun --standalone --nproc_per_node=G`. From each run's log it reads the final
-step_avg, the mean time of a training step as the script itself measured it, and prints per
-script the mean and the spread (largest minus smallest) over its runs, then the ratio
-ATTEMPT / BASELINE of the means and whether their difference exceeds the larger spread (with
---runs=1 there is no spread, and no verdict). The same goes to DIR/compare.json. A run that
-fails stops the comparison, with its last lines (before torchrun's own report).
+step_avg, the mean time of a training step as the script itself measured it, and the final val
+loss, which says what the change did to the training. It prints per script the mean and the
+spread (largest minus smallest) of each over its runs, then the ratio ATTEMPT / BASELINE of the
+mean step_avg and whether their difference exceeds the larger spread (with --runs=1 there is no
+spread, and no verdict). The same goes to DIR/compare.json. A run that fails stops the
+comparison, with its last lines (before torchrun's own report). Without a CUDA GPU the runs
+get the memory allocator setting that run.sh gives the CPU smoke run: without it, the time a
+CPU step takes depends more on the allocator than on the math.
 
 The whole script is timed, not a copy of its parts, because an attempt may change anything,
 the loop included. Alternating gives a slow drift of the machine (clocks, heat, neighbours)
@@ -25,23 +28,33 @@ run's progress: if the two scripts run different numbers of steps, a warning say
 """
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 # The final step's lines: step:N/N ... step_avg:12.34ms (the train line, then the val line).
 FINAL_STEP = re.compile(r"^step:(\d+)/\1 .*step_avg:([\d.]+)ms", re.MULTILINE)
+FINAL_VAL = re.compile(r"^step:(\d+)/\1 val_loss:(\S+)", re.MULTILINE)
+# run.sh's setting for the CPU smoke run: freed memory stays in the process, where fresh pages
+# for every step's tensors would cost more than the math
+CPU_MALLOC = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184"
 
 
 def final_step(log):
-    """(step_avg in ms, steps) from the last step's last line in a train_gpt.py log."""
-    found = FINAL_STEP.findall(Path(log).read_text(errors="replace"))
-    if not found:
-        raise SystemExit(f"{log} has no line of the last step with a step_avg: did the run end?")
+    """(step_avg in ms, steps, final val loss) from the last step's lines in a train_gpt.py
+    log."""
+    text = Path(log).read_text(errors="replace")
+    found, val = FINAL_STEP.findall(text), FINAL_VAL.findall(text)
+    if not found or not val:
+        raise SystemExit(f"{log} has no val line of the last step with a step_avg: did the run "
+                         f"end?")
     steps, step_avg = found[-1]
-    return float(step_avg), int(steps)
+    return float(step_avg), int(steps), float(val[-1][1])
 
 
 def before_torchrun_report(text, n=20):
@@ -59,14 +72,14 @@ def command(script, nproc, log_dir, overrides):
     return launcher + [str(script), *overrides, f"--log_dir={log_dir}"]
 
 
-def run_once(script, nproc, log_dir, overrides):
-    """Run the script to its end and return (its final step_avg, its steps); its output goes to
-    log_dir/output.txt."""
+def run_once(script, nproc, log_dir, overrides, env):
+    """Run the script to its end and return (its final step_avg, its steps, its final val loss);
+    its output goes to log_dir/output.txt."""
     log_dir.mkdir(parents=True)
     output = log_dir / "output.txt"
     with open(output, "w") as out:
         code = subprocess.run(command(script, nproc, log_dir, overrides), stdout=out,
-                              stderr=subprocess.STDOUT).returncode
+                              stderr=subprocess.STDOUT, env=env).returncode
     if code:
         tail = "\n".join(before_torchrun_report(output.read_text(errors="replace")))
         raise SystemExit(f"{script} failed (exit status {code}); all its output is in {output}, "
@@ -78,24 +91,36 @@ def run_once(script, nproc, log_dir, overrides):
     return final_step(logs[0])
 
 
-def summary(step_avgs, steps):
+def summary(step_avgs, steps, val_losses):
     return dict(step_avg_ms=step_avgs, steps=steps, mean_ms=sum(step_avgs) / len(step_avgs),
-                spread_ms=max(step_avgs) - min(step_avgs))
+                spread_ms=max(step_avgs) - min(step_avgs), val_loss=val_losses,
+                val_loss_mean=sum(val_losses) / len(val_losses),
+                val_loss_spread=max(val_losses) - min(val_losses))
+
+
+def run_environment():
+    """The runs' environment: this one, with run.sh's allocator setting where there is no GPU."""
+    return dict(os.environ, **({} if torch.cuda.is_available() else
+                               dict(GLIBC_TUNABLES=CPU_MALLOC)))
 
 
 def compare(baseline, attempt, runs, nproc, out, overrides):
     """Time both scripts `runs` times each, alternating, and return the comparison as a dict."""
-    scripts = dict(baseline=baseline, attempt=attempt)
-    step_avgs, steps = {label: [] for label in scripts}, {label: set() for label in scripts}
+    scripts, env = dict(baseline=baseline, attempt=attempt), run_environment()
+    measured = {label: dict(step_avgs=[], steps=set(), val_losses=[]) for label in scripts}
     for i in range(1, runs + 1):
         for label, script in scripts.items():
             started = time.perf_counter()
-            step_avg, n = run_once(script, nproc, out / f"{label}_{i}", overrides)
-            step_avgs[label].append(step_avg)
-            steps[label].add(n)
+            step_avg, n, val_loss = run_once(script, nproc, out / f"{label}_{i}", overrides, env)
+            measured[label]["step_avgs"].append(step_avg)
+            measured[label]["steps"].add(n)
+            measured[label]["val_losses"].append(val_loss)
             print(f"{label} run {i}/{runs} ({script}): step_avg {step_avg:.2f}ms over {n} "
-                  f"steps, {time.perf_counter() - started:.0f}s in all", flush=True)
-    result = {label: dict(script=str(script), **summary(step_avgs[label], sorted(steps[label])))
+                  f"steps, val loss {val_loss:.4f}, {time.perf_counter() - started:.0f}s in all",
+                  flush=True)
+    result = {label: dict(script=str(script),
+                          **summary(measured[label]["step_avgs"], sorted(measured[label]["steps"]),
+                                    measured[label]["val_losses"]))
               for label, script in scripts.items()}
     result.update(runs=runs, nproc_per_node=nproc, overrides=overrides)
     a, b = result["baseline"], result["attempt"]
@@ -112,7 +137,9 @@ def report(result):
         r = result[label]
         print(f"{label:<8} {r['script']}: step_avg {r['mean_ms']:.2f}ms, spread "
               f"{r['spread_ms']:.2f}ms over {len(r['step_avg_ms'])} runs "
-              f"({', '.join(f'{v:.2f}' for v in r['step_avg_ms'])})")
+              f"({', '.join(f'{v:.2f}' for v in r['step_avg_ms'])}); final val loss "
+              f"{r['val_loss_mean']:.4f}, spread {r['val_loss_spread']:.4f} "
+              f"({', '.join(f'{v:.4f}' for v in r['val_loss'])})")
     a, b = result["baseline"], result["attempt"]
     verdict = {None: "one run each: no spread to compare with (--runs=2 or more)",
                True: "larger than the larger spread", False: "within the larger spread"}[

@@ -1,6 +1,7 @@
 """Time DistributedDataLoader.next_batch, ordinary calls and shard boundaries, and its memory.
 
     python benchmarks/time_loader.py [--tokens 100000000] [--boundaries 2] [--step-ms 150]
+                                     [--script attempt.py]
 
 Writes --boundaries + 1 shards of random tokens (100M each by default, like the FineWeb shards)
 to a temporary folder, evicts them from the page cache so every read comes from disk, then walks
@@ -11,7 +12,6 @@ boundary, and the process's resident memory: anonymous (private to this rank) an
 """
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import DistributedDataLoader, write_shard  # noqa: E402
+from training_script import TRAIN_GPT, load_script
 
 
 def evict_from_page_cache(path):
@@ -41,18 +40,21 @@ def main():
     parser.add_argument("--step-ms", type=float, default=150.0, help="time between calls")
     parser.add_argument("--batch", type=int, default=8 * 64 * 1024, help="global batch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--script", default=TRAIN_GPT,
+                        help="the training script whose loader to time (default: train_gpt.py)")
     args = parser.parse_args()
+    script = load_script(args.script)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
         paths = [Path(folder) / f"shard_{i:06d}.bin" for i in range(args.boundaries + 1)]
         for path in paths:
-            write_shard(path, rng.integers(0, 50257, size=args.tokens, dtype=np.uint16))
+            script.write_shard(path, rng.integers(0, 50257, size=args.tokens, dtype=np.uint16))
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
             evict_from_page_cache(path)
         before = resident_mib()
         start = time.perf_counter()
-        loader = DistributedDataLoader(str(Path(folder) / "shard_*.bin"), 0, 8, args.device)
+        loader = script.DistributedDataLoader(str(Path(folder) / "shard_*.bin"), 0, 8, args.device)
         construct_ms = 1e3 * (time.perf_counter() - start)
         ordinary, boundary, peak = [], [], [0.0, 0.0]
         while len(boundary) < args.boundaries:

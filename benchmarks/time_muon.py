@@ -1,6 +1,6 @@
 """Time one Muon step over the reference configuration's block matrices.
 
-    python benchmarks/time_muon.py                                      # one process
+    python benchmarks/time_muon.py [--script attempt.py]                # one process
     torchrun --standalone --nproc_per_node=2 benchmarks/time_muon.py    # 2 ranks (gloo on CPU)
 
 Builds the 44 attention matrices (768 x 768) and 24 MLP matrices (768 x 3072, 3072 x 768) of
@@ -9,21 +9,21 @@ after one warm-up step). Runs on a GPU when there is one, else on the CPU in fp3
 """
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import Muon  # noqa: E402
+from training_script import TRAIN_GPT, load_script
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--script", default=TRAIN_GPT,
+                        help="the training script whose Muon to time (default: train_gpt.py)")
     args = parser.parse_args()
+    Muon = load_script(args.script).Muon
     cuda = torch.cuda.is_available()
     if "RANK" in os.environ:
         dist.init_process_group("nccl" if cuda else "gloo")

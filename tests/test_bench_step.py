@@ -12,11 +12,13 @@ import torch
 
 from test_model import LAYOUTS, random_documents
 from test_training import TINY
+import train_gpt
 from train_gpt import GPT, DistributedDataLoader, dense_attention_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from bench_step import (attention_pairs, gpu_timeline, main, matrix_parameters,  # noqa: E402
                         throughput)
+from training_script import TRAIN_GPT, load_script  # noqa: E402
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -70,6 +72,25 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     assert (results["tokens_per_s_per_gpu"], results["mfu"]) == pytest.approx(throughput(
         results["tokens_per_step_per_rank"], results["ms_per_step"], flops, results["peak_tflops"]))
     assert results["peak_memory_mib"] > 0 and results["compile_and_warmup_s"] > 0
+
+
+def test_a_copy_of_the_script_is_measured_as_it_is(tmp_path):
+    """--script: the attempt's model, here with an MLP of 3 x dim hidden units, not the file's."""
+    source = TRAIN_GPT.read_text()
+    for part in ("self.c_fc = CastedLinear(dim, 4 * dim)",
+                 "self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)"):
+        assert source.count(part) == 1
+        source = source.replace(part, part.replace("4 * dim", "3 * dim"))
+    attempt = tmp_path / "attempt.py"
+    attempt.write_text(source)
+    results = main([f"--script={attempt}", "--steps=1", "--warmup=0",
+                    f"--json={tmp_path / 'bench.json'}"] + TINY)
+    assert results["script"] == str(attempt)
+    matrices = 2 * (4 * 64 * 64 + 2 * 64 * 192) + 50304 * 64  # 192 hidden units, not 256
+    assert results["matrix_tflop_per_step"] * 1e12 == pytest.approx(6 * matrices * 512)
+    assert load_script(attempt).__file__ == str(attempt) and load_script() is train_gpt
+    with pytest.raises(SystemExit, match="--script=.*nowhere.py: no such file"):
+        load_script(tmp_path / "nowhere.py")
 
 
 def test_gpu_timeline_counts_busy_time_gaps_families_and_ranges():

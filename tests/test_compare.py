@@ -13,20 +13,22 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import compare  # noqa: E402
 
 # A stand-in for a training script: it notes its name, arguments and world size, and writes a
-# log whose final step_avg is the next of its STEP_AVGS.
+# log whose final step_avg and val loss are the next of its STEP_AVGS and VAL_LOSSES; and the
+# allocator setting it was given.
 STAND_IN = """import os, sys
 from pathlib import Path
 log_dir = Path(next(a for a in sys.argv if a.startswith("--log_dir="))[len("--log_dir="):])
 if os.environ.get("RANK", "0") == "0":
     with open(log_dir.parent / "order.txt", "a") as f:
         print(NAME, os.environ.get("WORLD_SIZE", "1"), *sys.argv[1:-1], file=f)
+    (log_dir / "GLIBC_TUNABLES").write_text(os.environ.get("GLIBC_TUNABLES", "unset"))
     n = (log_dir.parent / "order.txt").read_text().split().count(NAME)
-    ms = STEP_AVGS[n - 1]
+    ms, loss = STEP_AVGS[n - 1], VAL_LOSSES[n - 1]
     (log_dir / "0f1e.txt").write_text(
         "step:0/5 val_loss:10.8258 train_time:0ms\\n"
         f"step:4/5 train_time:1ms step_avg:999.00ms train_loss:3.1\\n"
         f"step:5/5 train_time:{5 * ms:.0f}ms step_avg:{ms + 0.4:.2f}ms train_loss:3.0\\n"
-        f"step:5/5 val_loss:3.2000 train_time:{5 * ms:.0f}ms step_avg:{ms:.2f}ms\\n")
+        f"step:5/5 val_loss:{loss:.4f} train_time:{5 * ms:.0f}ms step_avg:{ms:.2f}ms\\n")
 """
 
 
@@ -39,27 +41,34 @@ if int(os.environ.get("RANK", 0)) == int(os.environ.get("WORLD_SIZE", 1)) - 1:
 """
 
 
-def stand_in(folder, name, step_avgs, fail=False):
+def stand_in(folder, name, step_avgs, val_losses=None, fail=False):
     path = folder / f"{name}.py"
-    path.write_text(f"NAME, STEP_AVGS = {name!r}, {step_avgs!r}\n" + (
-        FAILING
-        if fail else STAND_IN))
+    val_losses = val_losses or [3.2] * len(step_avgs)
+    path.write_text(f"NAME, STEP_AVGS, VAL_LOSSES = {name!r}, {step_avgs!r}, {val_losses!r}\n"
+                    + (FAILING if fail else STAND_IN))
     return path
 
 
 def test_alternating_runs_compared_by_hand(tmp_path, capsys):
-    a = stand_in(tmp_path, "a", [100.0, 104.0, 102.0])
-    b = stand_in(tmp_path, "b", [90.0, 91.0, 92.0])
+    a = stand_in(tmp_path, "a", [100.0, 104.0, 102.0], [3.2810, 3.2790, 3.2800])
+    b = stand_in(tmp_path, "b", [90.0, 91.0, 92.0], [3.3000, 3.3040, 3.3020])
     out = tmp_path / "out"
     result = compare.main([str(a), str(b), "--runs=3", f"--out={out}", "--",
                            "--num_iterations=5", "--val_every=0"])
     assert (out / "order.txt").read_text().splitlines() == [
         f"{name} 1 --num_iterations=5 --val_every=0" for name in "ababab"]
-    # by hand: means 102 and 91, spreads 4 and 2, 91 / 102 = 0.89216, 11 ms > 4 ms
+    # by hand: means 102 and 91, spreads 4 and 2, 91 / 102 = 0.89216, 11 ms > 4 ms; val losses
+    # 3.2800 and 3.3020, spreads 0.0020 and 0.0040
     assert result["baseline"] == dict(script=str(a), step_avg_ms=[100.0, 104.0, 102.0],
-                                      steps=[5], mean_ms=102.0, spread_ms=4.0)
+                                      steps=[5], mean_ms=102.0, spread_ms=4.0,
+                                      val_loss=[3.2810, 3.2790, 3.2800],
+                                      val_loss_mean=pytest.approx(3.28),
+                                      val_loss_spread=pytest.approx(0.002))
     assert result["attempt"] == dict(script=str(b), step_avg_ms=[90.0, 91.0, 92.0], steps=[5],
-                                     mean_ms=91.0, spread_ms=2.0)
+                                     mean_ms=91.0, spread_ms=2.0,
+                                     val_loss=[3.3000, 3.3040, 3.3020],
+                                     val_loss_mean=pytest.approx(3.302),
+                                     val_loss_spread=pytest.approx(0.004))
     assert result["ratio"] == pytest.approx(0.892157, abs=1e-6)
     assert result["exceeds_spread"] is True
     assert json.loads((out / "compare.json").read_text()) == result
@@ -67,6 +76,20 @@ def test_alternating_runs_compared_by_hand(tmp_path, capsys):
     assert "attempt / baseline: 0.8922 (-11.00ms per step); larger than the larger spread, " \
            "4.00ms" in text and "warning" not in text
     assert "baseline" in text and "step_avg 102.00ms, spread 4.00ms over 3 runs" in text
+    assert "; final val loss 3.3020, spread 0.0040 (3.3000, 3.3040, 3.3020)" in text
+    assert "attempt run 3/3 (" in text and "step_avg 92.00ms over 5 steps, val loss 3.3020" in text
+
+
+def test_without_a_gpu_the_runs_get_the_allocator_setting_of_run_sh(tmp_path, monkeypatch):
+    """A CPU step's time depends on the allocator: compare runs the scripts as run.sh runs the
+    smoke run, with the same setting."""
+    exported = re.search(r"export GLIBC_TUNABLES=(\S+)", (ROOT / "run.sh").read_text())[1]
+    assert compare.CPU_MALLOC == exported
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    a, b = stand_in(tmp_path, "a", [1.0]), stand_in(tmp_path, "b", [1.0])
+    compare.main([str(a), str(b), "--runs=1", f"--out={tmp_path / 'out'}"])
+    for label in ("baseline", "attempt"):
+        assert (tmp_path / "out" / f"{label}_1" / "GLIBC_TUNABLES").read_text() == exported
 
 
 def test_a_difference_within_the_spread_is_said_to_be(tmp_path, capsys):
@@ -138,4 +161,6 @@ def test_two_copies_of_the_training_script(tmp_path):
         last = log.read_text().splitlines()[-2]
         assert re.fullmatch(r"step:3/3 val_loss:\d+\.\d+ train_time:\d+ms step_avg:[\d.]+ms", last)
         assert result[label]["step_avg_ms"] == [float(re.search(r"step_avg:([\d.]+)ms", last)[1])]
+        assert result[label]["val_loss"] == [float(re.search(r"val_loss:([\d.]+)", last)[1])]
+    assert result["baseline"]["val_loss"] == result["attempt"]["val_loss"]  # the same training
     assert 0.5 < result["ratio"] < 2
