@@ -420,6 +420,14 @@ def dense_attention_mask(inputs, window_blocks):
                                      & document_causal(0, 0, pos[:, None], pos[None, :]))
 
 
+def head_loss(x, weight, targets, softcap):
+    """The head and its loss: the mean cross-entropy of `targets` under the logits of `x` (rows:
+    tokens), capped to (-softcap, softcap) in the activation dtype, then taken to fp32."""
+    logits = F.linear(x, weight)
+    logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits.float(), targets)
+
+
 class GPT(nn.Module):
     """GPT-2 small with the speedrun's changes: value embeddings, U-net skips, x0 mixing, ReLU^2.
 
@@ -479,14 +487,6 @@ class GPT(nn.Module):
         args = (norm(x)[0], self.lm_head.weight.type_as(x), targets, self.softcap)
         loss = kernel_for(head_loss, *args) if self.kernels else head_loss
         return loss(*args)
-
-
-def head_loss(x, weight, targets, softcap):
-    """The head and its loss: the mean cross-entropy of `targets` under the logits of `x` (rows:
-    tokens), capped to (-softcap, softcap) in the activation dtype, then taken to fp32."""
-    logits = F.linear(x, weight)
-    logits = softcap * torch.tanh(logits / softcap)
-    return F.cross_entropy(logits.float(), targets)
 
 
 def check_heads(model_dim, num_heads):
@@ -1352,12 +1352,10 @@ def kernel_for(recipe, *args):
     where no kernel takes them: without Triton, or an MLP that does not split into whole tiles."""
     if triton is None:  # a CPU-only build of PyTorch
         return recipe
-    if recipe is head_loss:
-        return HeadLoss.apply
     if recipe is relu_square_mlp:
         x, w_fc, _ = args
         return ReluSquareMLP.apply if mlp_fits_tiles(len(x), x.size(1), len(w_fc)) else recipe
-    raise ValueError(f"no kernel computes {recipe.__name__}")
+    return HeadLoss.apply if recipe is head_loss else recipe
 
 
 class HeadLoss(torch.autograd.Function):

@@ -1,14 +1,20 @@
 """Shared by every test: a clean compile cache and environment, and the CPU for the CPU tests.
 
-On a machine with a GPU the script would pick CUDA; every test outside test_gpu.py and
-test_kernels.py checks the CPU path, so it sees no GPU, in this process and in the processes it
-starts. Without a GPU, the Triton kernels run in Triton's interpreter, on the CPU: it must be
-chosen before they are defined, so before anything imports train_gpt.
+On a machine with a GPU the script would pick CUDA; every test outside test_gpu.py,
+test_kernels.py and test_copies.py checks the CPU path, so it sees no GPU, in this process and
+in the processes it starts. Without a GPU, the Triton kernels run in Triton's interpreter, on
+the CPU: it must be chosen before they are defined, so before anything imports train_gpt. The
+processes the tests start keep their freed memory, as run.sh has the CPU smoke run do.
 """
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from compare import CPU_MALLOC  # noqa: E402
 
 # One thread, as in the worker processes the tests start (torchrun gives each rank one): on some
 # processors the CPU kernels split a product differently with two threads, which changes its
@@ -16,13 +22,28 @@ import torch
 torch.set_num_threads(1)
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+    # Fresh pages for every step's tensors cost the training processes more than their math: a
+    # third of the suite's time went to the kernel's side of it.
+    os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
+
+
+# The files whose tests run on the GPU where there is one; the others see none.
+MAY_USE_GPU = ("test_gpu.py", "test_kernels.py", "test_copies.py")
+
+
+def pytest_collection_modifyitems(items):
+    """pytest-xdist runs the tests on several workers (pytest.ini): those that may use the GPU
+    go to one of them, one after another, so that no two share it."""
+    for item in items:
+        if item.path.name in MAY_USE_GPU:
+            item.add_marker(pytest.mark.xdist_group("gpu"))
 
 
 @pytest.fixture(autouse=True)
 def isolated(request, monkeypatch):
     torch._dynamo.reset()  # dynamo caches per function; a test must not inherit others' entries
     saved = dict(os.environ)  # main() sets the allocator variable
-    if request.path.name not in ("test_gpu.py", "test_kernels.py"):
+    if request.path.name not in MAY_USE_GPU:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     yield

@@ -2,7 +2,8 @@
 reach the GPU's path as well as the CPU's, or stop the GPU's run in one line before it trains.
 
 Copies are written to a temporary folder and loaded as modules of their own. The kernels run on
-a CPU through Triton's interpreter (conftest.py turns it on), at small shapes.
+the GPU where there is one, else on the CPU through Triton's interpreter (conftest.py turns it
+on), at small shapes.
 """
 import importlib.util
 import math
@@ -15,7 +16,8 @@ import torch
 
 import train_gpt
 from test_model import block_mask_to_dense, random_documents
-from test_kernels import needs_triton, randn, relative_error, softcapped_cross_entropy_in_fp64
+from test_kernels import (DEVICE, needs_triton, randn, relative_error,
+                          softcapped_cross_entropy_in_fp64)
 
 TRAIN_GPT = Path(__file__).resolve().parent.parent / "train_gpt.py"
 # The reference model's head and a small model: the kernels' dispatch is the GPU run's.
@@ -109,6 +111,7 @@ def test_the_soft_cap_reaches_the_kernel_as_it_reaches_the_recipe(softcap):
     recipe's loss to 1e-6, on the same bf16 logits."""
     x, weight = randn(32, 64, seed=0), randn(5000, 64, scale=0.6, seed=1)
     targets = torch.randint(0, 5000, (32,), generator=torch.Generator().manual_seed(2))
+    targets = targets.to(DEVICE)
     kernel = train_gpt.HeadLoss.apply(x, weight, targets, softcap).item()
     recipe = softcapped_cross_entropy_in_fp64(x, weight, targets, softcap)[0].item()
     at_15 = softcapped_cross_entropy_in_fp64(x, weight, targets, 15.0)[0].item()
@@ -137,9 +140,10 @@ def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(co
 def test_the_kernel_at_the_largest_cap_it_takes_stays_finite():
     """Every logit far past the cap of 77, so each term of a row's sum is e^77 and the loss is
     exactly ln 50,304, with a gradient of 0 (tanh' is 0 that far out)."""
-    x = torch.ones(4, 64, dtype=torch.bfloat16)
-    weight = torch.full((50304, 64), 100.0, dtype=torch.bfloat16)  # logits of 6,400
-    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, torch.arange(4), 77.0)
+    x = torch.ones(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    weight = torch.full((50304, 64), 100.0, dtype=torch.bfloat16, device=DEVICE)  # logits: 6,400
+    targets = torch.arange(4, device=DEVICE)
+    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, targets, 77.0)
     assert loss.item() == pytest.approx(math.log(50304), abs=1e-5)
     assert grad_logits.abs().max() == 0
 
@@ -150,6 +154,7 @@ def test_two_copies_in_one_process_keep_their_own_kernels(copies):
     head runs its own kernel, before and after, and the copy's is the one plus one."""
     x, weight = randn(8, 64, seed=3), randn(5000, 64, scale=0.5, seed=4)
     targets = torch.randint(0, 5000, (8,), generator=torch.Generator().manual_seed(5))
+    targets = targets.to(DEVICE)
     before = train_gpt.HeadLoss.apply(x, weight, targets, 15.0).item()
     attempt = copies("attempt", ("tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)",
                                  "tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target "
@@ -197,6 +202,7 @@ def test_a_narrower_mlp_takes_the_kernel_where_its_tiles_divide_and_the_recipe_e
         torch.manual_seed(0)
         mlp = attempt.MLP(dim, kernel=True)
         torch.nn.init.normal_(mlp.c_proj.weight, std=dim ** -0.5)
+        mlp.to(DEVICE)
         x = randn(1, 128, dim, seed=6)
         args = (x[0], mlp.c_fc.weight.type_as(x), mlp.c_proj.weight.type_as(x))
         assert mlp.c_fc.weight.shape == (3 * dim, dim)

@@ -322,22 +322,23 @@ def test_the_gpus_path_on_two_ranks_trains_as_one_process_of_the_recipe(tmp_path
     """What a GPU run does, on a CPU: the model compiled, the head and the MLP through their
     kernels (in Triton's interpreter, in fp32), DDP over two ranks, which splits the compiled
     graph at its gradient buckets. Against one process running the recipe's torch code eagerly.
-    One sequence of 128 tokens per rank and step, since the interpreter takes 2 s for the head
-    of one; 3 steps, as the zero-initialised projections leave the MLP's first matrix without a
-    gradient until then. Measured: the val loss at step 3 moves by 2e-4 between the kernels and
+    Small, as the interpreter takes 2 s for the head of one sequence and the compiler 10 s for
+    each layer: one layer, one sequence of 128 tokens per rank and step; 3 steps, as the
+    zero-initialised projections leave the MLP's first matrix without a gradient until then.
+    Measured with two layers: the val loss at step 3 moves by 2e-4 between the kernels and
     torch, and by as much between compiled and eager; one process on this path gives the two
     ranks' losses exactly."""
-    argv = TINY + ["--batch_size=256", "--micro_batch_size=128", "--val_tokens=256",
-                   "--num_iterations=3", "--val_every=3"]
+    argv = TINY + ["--num_layers=1", "--batch_size=256", "--micro_batch_size=128",
+                   "--val_tokens=256", "--num_iterations=3", "--val_every=3"]
     one = main(argv + [f"--log_dir={tmp_path}"])
     two = launch(tmp_path, "gpu_path", 2, argv)
     assert list(two["val_losses"]) == [0, 3]
     assert two["val_losses"][0] == pytest.approx(math.log(50304), abs=1e-5)
     assert two["val_losses"][3] == pytest.approx(one[3], abs=1e-3) and one[3] < one[0] - 0.2
-    # every forward took both kernels: 3 steps and 2 validations of one sequence per rank, with
-    # 2 MLPs a forward, whose kernel runs once more in a training step's backward
+    # every forward took both kernels: 3 steps and 2 validations of one sequence per rank, the
+    # MLP's kernel once more in each step's backward
     assert two["launches"] == dict(softcapped_cross_entropy_kernel=3 + 2,
-                                   relu_square_matmul_kernel=2 * (3 * 2 + 2))
+                                   relu_square_matmul_kernel=3 * 2 + 2)
 
 
 @pytest.mark.parametrize("layout", [["--num_layers=12", "--no_attention_layers=0,9"],
