@@ -1051,8 +1051,9 @@ def restore_training_state(state, model, adam, muon, loader):
 # step, so a resumed run takes the same batches and reaches the same weights as one that never
 # stopped. Ctrl-C, SIGTERM and non-finite values stop every rank after the same step.
 
-# A resumed run may change these: they change neither the batches nor the weights (`kernels`
-# computes the same, rounded in another order).
+# A resumed run may change these: they change neither the batches nor the math (`kernels` rounds
+# the head's capped logits and the MLP's products differently, so the weights agree to that
+# rounding, not to the bit).
 RUN_FIELDS = {"val_files", "val_tokens", "val_every", "warmup_steps", "log_dir",
               "checkpoint_every", "save_checkpoint", "resume", "kernels"}
 
@@ -1278,7 +1279,9 @@ def load_checkpoint(path, args, world_size):
                         f"{str(err).strip()[:200]})") from None
     if not isinstance(state, dict) or "hyperparameters" not in state:
         raise UserError(f"--resume={path} is not a checkpoint of this script")
-    saved = dict(state["hyperparameters"], world_size=state["world_size"])
+    # a field added since the checkpoint was written had its default then (softcap: 15)
+    saved = dict(dataclasses.asdict(Hyperparameters()), **state["hyperparameters"],
+                 world_size=state["world_size"])
     current = dict(dataclasses.asdict(args), world_size=world_size)
     differing = [f"{name} (checkpoint {saved.get(name)!r}, now {value!r})"
                  for name, value in current.items()
@@ -1321,11 +1324,20 @@ OPS = "speedrun_" + hashlib.sha256(f"{os.path.realpath(__file__)}:{__name__}".en
 
 def recipe_fingerprint(fn):
     """A hash of `fn`'s code: its signature and statements, not its docstring, comments or
-    layout."""
+    layout; with the functions (their fingerprints) and constants of this file that it names."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
     if ast.get_docstring(tree) is not None:
         tree.body = tree.body[1:]
-    return hashlib.sha256(ast.unparse(tree).encode()).hexdigest()[:12]
+    code, nodes = ast.unparse(tree), list(ast.walk(tree))
+    bound = {node.arg for node in nodes if isinstance(node, ast.arg)} | {
+        node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    for name in sorted({node.id for node in nodes if isinstance(node, ast.Name)} - bound):
+        value = fn.__globals__.get(name)
+        if inspect.isfunction(value) and value.__module__ == fn.__module__:
+            code += f"\n{name}: {recipe_fingerprint(value)}"
+        elif isinstance(value, (bool, int, float, str, tuple)):
+            code += f"\n{name} = {value!r}"
+    return hashlib.sha256(code.encode()).hexdigest()[:12]
 
 
 def check_kernels(softcap, num_columns):
@@ -1349,12 +1361,15 @@ def check_kernels(softcap, num_columns):
 
 def kernel_for(recipe, *args):
     """The kernel's form of the recipe function `recipe` for these arguments, or `recipe` itself
-    where no kernel takes them: without Triton, or an MLP that does not split into whole tiles."""
+    where no kernel takes them: without Triton, or an MLP that does not split into whole tiles
+    or, on a GPU, is not in bf16 (the kernel multiplies in bf16 there, as the recipe does)."""
     if triton is None:  # a CPU-only build of PyTorch
         return recipe
     if recipe is relu_square_mlp:
         x, w_fc, _ = args
-        return ReluSquareMLP.apply if mlp_fits_tiles(len(x), x.size(1), len(w_fc)) else recipe
+        fits = mlp_fits_tiles(len(x), x.size(1), len(w_fc))
+        in_bf16 = x.dtype == torch.bfloat16 or not x.is_cuda
+        return ReluSquareMLP.apply if fits and in_bf16 else recipe
     return HeadLoss.apply if recipe is head_loss else recipe
 
 

@@ -71,10 +71,14 @@ def main():
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
+    script = load_script(args.script)
+    try:  # a kernel that no longer computes its recipe function would be timed for nothing
+        script.check_kernels(script.Hyperparameters.softcap, VOCAB)
+    except script.UserError as error:
+        sys.exit(f"error: {error}")
     if not torch.cuda.is_available():
         sys.exit("error: bench_kernels.py times GPU kernels and needs a CUDA GPU")
     from triton.runtime.errors import OutOfResources
-    script = load_script(args.script)
     generator = torch.Generator(device="cuda").manual_seed(0)
 
     def randn(*shape, scale=1.0):

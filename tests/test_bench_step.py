@@ -128,3 +128,16 @@ def test_bench_kernels_says_it_needs_a_gpu():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip() == "error: bench_kernels.py times GPU kernels and needs a CUDA GPU"
+
+
+def test_bench_kernels_refuses_a_copy_whose_kernel_no_longer_computes_its_recipe(tmp_path):
+    """It would time a kernel against torch code that computes something else."""
+    root = Path(__file__).resolve().parent.parent
+    attempt = tmp_path / "attempt.py"
+    attempt.write_text((root / "train_gpt.py").read_text().replace(
+        "F.relu(F.linear(x, w_fc)).square()", "F.gelu(F.linear(x, w_fc))"))
+    result = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_kernels.py"),
+                             f"--script={attempt}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: attempt.py: relu_square_mlp is not the code that "
+                                    "relu_square_matmul_kernel computes"), result.stderr

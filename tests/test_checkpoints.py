@@ -316,6 +316,18 @@ def test_a_checkpoint_from_another_configuration_is_refused(straight, straight_t
     assert f"resuming from {checkpoint(straight, 6)}: step 6 of run" in text
 
 
+def test_a_checkpoint_from_before_a_field_existed_holds_its_default(straight, tmp_path):
+    """--softcap was 15, written into the code, before it was a hyperparameter."""
+    state = torch.load(checkpoint(straight, 3), weights_only=True)
+    del state["hyperparameters"]["softcap"]
+    torch.save(state, tmp_path / "older.pt")
+    with pytest.raises(UserError, match=r"configuration: softcap \(checkpoint 15.0, now 30.0\)"):
+        main(SIX + [f"--log_dir={tmp_path}", f"--resume={tmp_path / 'older.pt'}",
+                    "--softcap=30"])
+    main(SIX + [f"--log_dir={tmp_path}", f"--resume={tmp_path / 'older.pt'}"])
+    assert logged_losses(tmp_path, after=3) == logged_losses(straight, after=3)
+
+
 def fail_at_call(monkeypatch, name, call, make_loss):
     """Let train_gpt.<name> return make_loss(its result) at its `call`-th call."""
     original, calls = getattr(train_gpt, name), []

@@ -89,6 +89,32 @@ def test_an_edited_recipe_function_stops_the_gpu_path_in_one_line(edit, recipe, 
     assert not model.kernels
 
 
+ACTIVATION = [("def relu_square_mlp(",
+               "def activation(h):\n    return F.relu(h).square()\n\n\ndef relu_square_mlp("),
+              ("F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+               "F.linear(activation(F.linear(x, w_fc)), w_proj)")]
+Z_WEIGHT = [("def head_loss(", "Z_WEIGHT = 1e-4\n\n\ndef head_loss("),
+            (Z_LOSS[0], Z_LOSS[1].replace("1e-4", "Z_WEIGHT"))]
+
+
+@pytest.mark.parametrize("name, edits, recipe, later", [
+    ("activation", ACTIVATION, "relu_square_mlp", ("F.relu(h).square()", "F.gelu(h)")),
+    ("z_weight", Z_WEIGHT, "head_loss", ("Z_WEIGHT = 1e-4", "Z_WEIGHT = 1e-3"))])
+def test_an_edit_of_a_function_or_constant_that_a_recipe_function_names_stops_it_too(
+        name, edits, recipe, later, copies):
+    """A recipe function written with a helper of the file, whose kernel was made to compute it
+    (its fingerprint set), then the helper alone edited."""
+    args = train_gpt.parse_args(SMALL_ARGS)
+    written = copies(f"{name}_written", *edits)
+    fingerprint = written.recipe_fingerprint(getattr(written, recipe))
+    kernel_made = (f'{recipe}="{train_gpt.KERNEL_RECIPES[recipe]}"', f'{recipe}="{fingerprint}"')
+    copies(f"{name}_kernel_made", *edits, kernel_made).build_model(
+        args, torch.device("cpu"), gpu_path=True)
+    edited = copies(f"{name}_edited", *edits, kernel_made, later)
+    with pytest.raises(edited.UserError, match=f"^{name}_edited.py: {recipe} is not the code "):
+        edited.build_model(args, torch.device("cpu"), gpu_path=True)
+
+
 def test_the_unedited_file_and_edits_of_words_alone_take_the_kernels(copies):
     """Docstrings, comments and the layout of a line are not the code a kernel computes."""
     reworded = copies("reworded", (
@@ -131,9 +157,12 @@ def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(co
         train_gpt.GPT(**SMALL, softcap=78.0, kernels=True)
     train_gpt.GPT(**SMALL, softcap=77.0, kernels=True)
     assert 50304 * math.exp(77) < torch.finfo(torch.float32).max < 50304 * math.exp(78)
-    recipe = train_gpt.GPT(**SMALL, softcap=1e4)
-    inputs = torch.randint(0, 50257, (256,), generator=torch.Generator().manual_seed(0))
-    assert recipe(inputs, inputs, torch.tensor(1)).item() == pytest.approx(math.log(50304))
+    generator = torch.Generator().manual_seed(0)  # logits of about 100, some of several hundred
+    x, weight = torch.randn(64, 32, generator=generator), torch.randn(1000, 32, generator=generator)
+    targets = torch.randint(0, 1000, (64,), generator=generator)
+    recipe = train_gpt.head_loss(x, 18 * weight, targets, 1e4).item()
+    uncapped = torch.nn.functional.cross_entropy(x @ (18 * weight).T, targets).item()
+    assert uncapped > 100 and recipe == pytest.approx(uncapped, rel=1e-3)
 
 
 @needs_triton

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import train_gpt
 from train_gpt import (HeadLoss, Hyperparameters, ReluSquareMLP, head_loss, kernel_for,
@@ -255,9 +256,21 @@ def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, hidden, fits):
     assert kernel_for(relu_square_mlp, x, w_fc, w_proj) == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_on_a_gpu_the_mlp_kernel_takes_bf16_alone(dtype):
+    """It multiplies in bf16 there: a copy that runs the stream in fp32 takes the recipe. On
+    stand-in CUDA tensors, with shapes and no memory."""
+    with FakeTensorMode():
+        x, w_fc, w_proj = (torch.empty(*shape, dtype=dtype, device="cuda")
+                           for shape in [(4096, 768), (3072, 768), (768, 3072)])
+        chosen = kernel_for(relu_square_mlp, x, w_fc, w_proj)
+    kernel = dtype == torch.bfloat16 and train_gpt.triton is not None
+    assert chosen == (ReluSquareMLP.apply if kernel else relu_square_mlp)
+
+
 @pytest.mark.parametrize("tokens, hidden", [(1200, 512), (1280, 384)])
 def test_the_mlp_kernel_refuses_a_product_it_cannot_tile(tokens, hidden):
-    x, w_fc, _ = mlp_inputs(hidden=512)
+    x = mlp_inputs()[0]
     w_fc = randn(hidden, x.size(1), seed=4)
     with pytest.raises(ValueError, match=f"{tokens} x 128 by 128 x {hidden} product does not"):
         relu_square_matmul(x[:tokens], w_fc.T, None)
