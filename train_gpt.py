@@ -25,6 +25,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 import typing
 import uuid
 import zipfile
@@ -823,6 +824,13 @@ def setup_device():
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     if cuda:
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:  # bf16 arithmetic came with the A100
+            raise UserError(f"{torch.cuda.get_device_name(device)} (compute capability "
+                            f"{major}.{minor}) has no bf16 arithmetic, in which the recipe "
+                            "trains; use a GPU from the A100 (8.0) on, or hide this one for the "
+                            "CPU smoke run: CUDA_VISIBLE_DEVICES= python train_gpt.py "
+                            "--preset=smoke")
         torch.cuda.set_device(device)
     if "RANK" not in os.environ:  # not launched by torchrun
         return 0, 1, device
@@ -1303,12 +1311,17 @@ def load_checkpoint(path, args, world_size):
 try:  # Triton comes with PyTorch's CUDA builds
     import triton
     import triton.language as tl
+    from triton.compiler import ASTSource
 except ImportError:  # a CPU-only build, which runs the pure-torch computations
     triton = None
 
-HEAD_LOSS_CONFIG = dict(BLOCK=2048, num_warps=4)  # columns per iteration, warps per row
-RELU_SQUARE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8,
-                          num_stages=4)  # tile, row tiles per group, launch
+# Each kernel's launch settings, the H100's first: a GPU takes the first that fits its shared
+# memory (launch_setting), and where none does, the recipe's torch code runs. A setting joins a
+# list only once it has run on a GPU, forced through tests/test_gpu.py.
+KERNEL_SETTINGS = dict(
+    head=[dict(BLOCK=2048, num_warps=4)],  # columns per iteration, warps per row
+    mlp=[dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)])
+LAUNCH_SETTINGS = {}  # (kernel, device): the index launch_setting found, worked out once
 
 # The code of the recipe functions that the kernels were written to compute, as fingerprints. A
 # copy of this file that edits a function and not its kernel would train the old code on a GPU
@@ -1361,16 +1374,75 @@ def check_kernels(softcap, num_columns):
 
 def kernel_for(recipe, *args):
     """The kernel's form of the recipe function `recipe` for these arguments, or `recipe` itself
-    where no kernel takes them: without Triton, or an MLP that does not split into whole tiles
-    or, on a GPU, is not in bf16 (the kernel multiplies in bf16 there, as the recipe does)."""
-    if triton is None:  # a CPU-only build of PyTorch
+    where no kernel takes them: without Triton, on a GPU that none of the kernel's settings fits,
+    or for an MLP that does not split into the setting's whole tiles or, on a GPU, is not in bf16
+    (the kernel multiplies in bf16 there, as the recipe does)."""
+    kernel = {head_loss: "head", relu_square_mlp: "mlp"}[recipe]
+    if kernel == "mlp" and args[0].is_cuda and args[0].dtype != torch.bfloat16:
         return recipe
-    if recipe is relu_square_mlp:
-        x, w_fc, _ = args
-        fits = mlp_fits_tiles(len(x), x.size(1), len(w_fc))
-        in_bf16 = x.dtype == torch.bfloat16 or not x.is_cuda
-        return ReluSquareMLP.apply if fits and in_bf16 else recipe
-    return HeadLoss.apply if recipe is head_loss else recipe
+    index = None if triton is None else launch_setting(kernel, args[0].device)
+    if index is None:  # no Triton (PyTorch's CPU-only builds), or no setting fits the GPU
+        return recipe
+    if recipe is head_loss:
+        return HeadLoss.apply
+    x, w_fc, _ = args
+    fits = mlp_fits_tiles(len(x), x.size(1), len(w_fc), KERNEL_SETTINGS["mlp"][index])
+    return ReluSquareMLP.apply if fits else recipe
+
+
+# Traced as a constant: the driver's query and Triton's compiler stay out of the graph, and the
+# choice is made once per GPU, before the first step, never checked again.
+@torch.compiler.assume_constant_result
+def launch_setting(kernel, device):
+    """The index of the first of `kernel`'s settings that fits `device`, or None: on a GPU, the
+    first that Triton's compiler builds for it within its shared memory per block, as its driver
+    reports it; on a CPU, where Triton's interpreter runs the kernels, the first."""
+    if (kernel, device) not in LAUNCH_SETTINGS:
+        LAUNCH_SETTINGS[kernel, device] = (first_fitting_setting(kernel, *gpu_target(device))
+                                           if device.type == "cuda" else 0)
+    return LAUNCH_SETTINGS[kernel, device]
+
+
+def gpu_target(device):
+    """Triton's compile target for the CUDA `device`, and its shared memory per block in bytes
+    (the opt-in maximum), as Triton's driver reports it."""
+    with torch.cuda.device(device):
+        target = triton.runtime.driver.active.get_current_target()
+    properties = triton.runtime.driver.active.utils.get_device_properties(device.index)
+    return target, properties["max_shared_mem"]
+
+
+def first_fitting_setting(kernel, target, max_shared):
+    """The index of the first of `kernel`'s settings whose every variant compiles for `target`
+    (a Triton GPUTarget) within `max_shared` bytes of shared memory per block, or None. A
+    setting that does not build there (a compiler too old for the GPU, say) does not fit."""
+    variants = KERNEL_LAUNCHES[kernel][2]
+    for index, setting in enumerate(KERNEL_SETTINGS[kernel]):
+        try:
+            shared = max(compile_for(kernel, setting, variant, target).metadata.shared
+                         for variant in variants)
+        except Exception as error:  # Triton's and ptxas's errors share no base class
+            warnings.warn(f"the {kernel} kernel's setting {setting} does not build for "
+                          f"{target}: {str(error).strip()[:300]}")
+            continue
+        if shared <= max_shared:
+            return index
+    return None
+
+
+def compile_for(kernel, setting, variant, target):
+    """Triton's build of `kernel` with a launch `setting` for `target`, as a run launches it:
+    with the constants of `variant` and the argument types of KERNEL_LAUNCHES."""
+    fn, types, _ = KERNEL_LAUNCHES[kernel]
+    assert list(types) == fn.arg_names, f"KERNEL_LAUNCHES[{kernel!r}]: not {fn.__name__}'s"
+    launch = {name: setting[name] for name in ("num_warps", "num_stages") if name in setting}
+    constants = variant | {name: v for name, v in setting.items() if name not in launch}
+    source = ASTSource(fn=fn, constexprs=constants, signature={
+        name: "constexpr" if name in constants else kind.removesuffix(":16")
+        for name, kind in types.items()}, attrs={
+        (i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(types.items())
+        if name not in constants and (kind.startswith("*") or kind.endswith(":16"))})
+    return triton.compile(source, target=target, options=launch)
 
 
 class HeadLoss(torch.autograd.Function):
@@ -1396,8 +1468,9 @@ def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: tor
     logits: there is no ignored index."""
     logits, rows = x @ weight.T, x.size(0)
     losses = torch.empty(rows, dtype=torch.float32, device=x.device)
+    setting = KERNEL_SETTINGS["head"][setting_index("head", x.device)]
     softcapped_cross_entropy_kernel[(rows,)](logits, targets.contiguous(), losses, 1 / rows,
-                                             logits.size(1), softcap, **HEAD_LOSS_CONFIG)
+                                             logits.size(1), softcap, **setting)
     return losses.mean(), logits
 
 
@@ -1429,17 +1502,17 @@ def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[to
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """With `pre` None: (a b, relu(a b)^2). Given `pre`: (a b * 2 relu(pre), relu(pre)^2)."""
     (M, K), N = a.shape, b.size(1)
-    if not mlp_fits_tiles(M, K, N):
+    setting = KERNEL_SETTINGS["mlp"][setting_index("mlp", a.device)]
+    if not mlp_fits_tiles(M, K, N, setting):
         raise ValueError(f"relu_square_matmul: a {M} x {K} by {K} x {N} product does not split "
                          "into the kernel's whole tiles")
     a, pre = a.contiguous(), None if pre is None else pre.contiguous()
     out, h = a.new_empty(M, N), a.new_empty(M, N)
-    config = RELU_SQUARE_CONFIG
-    grid = (M // config["BLOCK_M"] * (N // config["BLOCK_N"]),)
+    grid = (M // setting["BLOCK_M"] * (N // setting["BLOCK_N"]),)
     # the interpreter multiplies bf16 as raw bits: fp32 holds the same values
     operand = tl.bfloat16 if a.is_cuda else tl.float32
     relu_square_matmul_kernel[grid](a, b, out if pre is None else pre, out, h, M, N, K,
-                                    *b.stride(), pre is not None, operand, **config)
+                                    *b.stride(), pre is not None, operand, **setting)
     return out, h
 
 
@@ -1448,12 +1521,19 @@ def _(a, b, pre):
     return a.new_empty(a.size(0), b.size(1)), a.new_empty(a.size(0), b.size(1))
 
 
-def mlp_fits_tiles(tokens, dim, hidden):
+def mlp_fits_tiles(tokens, dim, hidden, setting):
     """Whether the products of an MLP of width `hidden` on `tokens` rows of `dim` split into
-    whole tiles, as the kernel needs."""
-    config = RELU_SQUARE_CONFIG
-    return (tokens % config["BLOCK_M"] == 0 and hidden % config["BLOCK_N"] == 0
-            and dim % config["BLOCK_K"] == 0)
+    whole tiles of the kernel's launch `setting`, as the kernel needs."""
+    return (tokens % setting["BLOCK_M"] == 0 and hidden % setting["BLOCK_N"] == 0
+            and dim % setting["BLOCK_K"] == 0)
+
+
+def setting_index(kernel, device):
+    """launch_setting, for a launch: a device that no setting fits is refused."""
+    index = launch_setting(kernel, device)
+    if index is None:
+        raise ValueError(f"no launch setting of the {kernel} kernel fits {device}'s shared memory")
+    return index
 
 
 if triton is not None:
@@ -1528,6 +1608,22 @@ if triton is not None:
             relu = tl.maximum(product.to(tl.float32), 0)
             tl.store(out_ptr + tile, product)
         tl.store(h_ptr + tile, (relu * relu).to(product.dtype))
+
+    # How each kernel is launched, for building a setting before a launch: the types of its
+    # arguments (pointers 16-byte aligned and ":16" integers multiples of 16, as at the real
+    # shapes), and the constants of each variant that a run launches, at the reference shapes.
+    KERNEL_LAUNCHES = dict(
+        head=(softcapped_cross_entropy_kernel,
+              dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32", scale="fp32",
+                   num_columns="i32", softcap="fp32", BLOCK="i32"),
+              [dict(num_columns=50304, softcap=15.0)]),
+        mlp=(relu_square_matmul_kernel,
+             dict(a_ptr="*bf16", b_ptr="*bf16", pre_ptr="*bf16", out_ptr="*bf16", h_ptr="*bf16",
+                  M="i32:16", N="i32", K="i32", stride_bk="i32:16", stride_bn="i32:16",
+                  BACKWARD="i1", OPERAND="i32", BLOCK_M="i32", BLOCK_N="i32", BLOCK_K="i32",
+                  GROUP_M="i32"),
+             [dict(N=3072, K=768, BACKWARD=False, OPERAND=tl.bfloat16, stride_bk=1),  # x w_fc^T
+              dict(N=3072, K=768, BACKWARD=True, OPERAND=tl.bfloat16, stride_bn=1)]))  # g w_proj
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ At the reference shapes of one 65,536-token micro-batch: the head and its loss (
 columns) and one MLP (768 -> 3,072 -> 768), forward and backward, in bf16. Each is timed with
 CUDA events (median of --repeats calls after 3 warm-up calls), and its peak memory beyond its
 inputs is read from the allocator. With --sweep, each kernel's launch configuration is swept
-too (the file's own is marked): the table says whether another one is faster. A configuration
-that needs more registers or shared memory than the GPU has is named, with Triton's error, and
-skipped. --script times the kernels of a copy of train_gpt.py instead.
+too (the one the file launches on this GPU is marked): the table says whether another one is
+faster. A configuration that needs more registers or shared memory than the GPU has is named,
+with the error, and skipped. --script times the kernels of a copy of train_gpt.py instead.
 """
 import argparse
 import json
@@ -90,9 +90,9 @@ def main():
     w_fc, w_proj = randn(4 * DIM, DIM, scale=DIM ** -0.5), randn(DIM, 4 * DIM, scale=0.02)
     softcap = script.Hyperparameters.softcap
     cases = [("head", script.head_loss, script.HeadLoss.apply, [x, head], [targets, softcap],
-              script.HEAD_LOSS_CONFIG, HEAD_SWEEP),
+              HEAD_SWEEP),
              ("mlp", script.relu_square_mlp, script.ReluSquareMLP.apply, [x, w_fc, w_proj],
-              [], script.RELU_SQUARE_CONFIG, MLP_SWEEP)]
+              [], MLP_SWEEP)]
     results = []
 
     def record(**row):  # each row as it comes: a crash or a timeout keeps the rows before it
@@ -104,22 +104,24 @@ def main():
                                               indent=1))
 
     print(f"{'part':<6}{'ms':>9}{'peak MiB':>10}  version")
-    for name, reference, fused, inputs, extra, config, sweep in cases:
+    for name, reference, fused, inputs, extra, sweep in cases:
         ms, mib = time_ms(torch.compile(reference), inputs, extra, args.repeats)
         record(part=name, version="compiled pure torch", ms=ms, peak_mib=mib)
-        chosen = dict(config)
-        for candidate in (sweep if args.sweep else [chosen]):
-            config.clear()
-            config.update(candidate)
+        settings = script.KERNEL_SETTINGS[name]
+        index = script.launch_setting(name, x.device)  # None: none fits this GPU
+        chosen = None if index is None else settings[index]
+        for candidate in (sweep if args.sweep else [chosen] if chosen else []):
+            script.KERNEL_SETTINGS[name] = [candidate]  # the only one, forced
+            script.LAUNCH_SETTINGS.clear()
             try:
                 ms, mib = time_ms(fused, inputs, extra, args.repeats)
-            except OutOfResources as error:  # too many registers or too much shared memory
+            except (OutOfResources, ValueError) as error:  # more than the GPU has
                 print(f"{name:<6}{'-':>9}{'-':>10}  kernel {candidate}: {error}", flush=True)
                 continue
             mark = " (the file's)" if candidate == chosen else ""
             record(part=name, version=f"kernel {candidate}{mark}", ms=ms, peak_mib=mib)
-        config.clear()
-        config.update(chosen)
+        script.KERNEL_SETTINGS[name] = settings
+        script.LAUNCH_SETTINGS.clear()
 
 
 if __name__ == "__main__":

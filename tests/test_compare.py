@@ -163,4 +163,7 @@ def test_two_copies_of_the_training_script(tmp_path):
         assert result[label]["step_avg_ms"] == [float(re.search(r"step_avg:([\d.]+)ms", last)[1])]
         assert result[label]["val_loss"] == [float(re.search(r"val_loss:([\d.]+)", last)[1])]
     assert result["baseline"]["val_loss"] == result["attempt"]["val_loss"]  # the same training
-    assert 0.5 < result["ratio"] < 2
+    # the ratio of the logs' own figures; not bounded, as two 3-step runs on a busy CPU may
+    # differ by any factor
+    assert result["ratio"] == result["attempt"]["step_avg_ms"][0] / result["baseline"][
+        "step_avg_ms"][0]

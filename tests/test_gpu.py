@@ -302,15 +302,39 @@ def test_a_zero_head_at_the_real_shape_gives_log_vocab_and_a_uniform_gradient():
         assert abs(got.item() - exact) <= 2 ** -7 * abs(exact)  # within a bf16 ulp
 
 
+# Settings of the MLP kernel within the 99 KB of shared memory per block of sm_86, sm_89 and
+# sm_120: 98,304 bytes each, as train_gpt.compile_for builds them for those targets. Forced on
+# this GPU, they join KERNEL_SETTINGS once they pass here.
+SMALLER_MLP_SETTINGS = {
+    "3-stages": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+    "128-columns": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8,
+                        num_stages=4)}
+
+
+def test_an_h100_launches_each_kernel_with_the_first_of_its_settings():
+    target, max_shared = train_gpt.gpu_target(torch.device("cuda", 0))
+    if target.arch != 90:
+        pytest.skip(f"the settings' order is the H100's; this GPU is sm_{target.arch}")
+    assert max_shared == 232_448  # 227 KiB, as Triton's driver reports an H100's
+    for kernel in train_gpt.KERNEL_SETTINGS:
+        assert train_gpt.launch_setting(kernel, torch.device("cuda", 0)) == 0, kernel
+
+
+@pytest.mark.parametrize("setting", [None, *SMALLER_MLP_SETTINGS],
+                         ids=["chosen", *SMALLER_MLP_SETTINGS])
 def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
-        monkeypatch):
+        setting, monkeypatch):
+    """With the setting this GPU chooses, and with each smaller one forced."""
+    if setting is not None:
+        monkeypatch.setitem(train_gpt.KERNEL_SETTINGS, "mlp", [SMALLER_MLP_SETTINGS[setting]])
+        monkeypatch.setattr(train_gpt, "LAUNCH_SETTINGS", {})
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = F.rms_norm(torch.randn(65536, 768, device="cuda", generator=generator), (768,))
     w_fc = torch.randn(3072, 768, device="cuda", generator=generator) * 768 ** -0.5
     w_proj = torch.randn(768, 3072, device="cuda", generator=generator) * 3072 ** -0.5
     grad_out = (torch.randn(65536, 768, device="cuda", generator=generator) / 65536).bfloat16()
     inputs = [t.bfloat16() for t in (x, w_fc, w_proj)]
-    assert train_gpt.mlp_fits_tiles(65536, 768, 3072)
+    assert train_gpt.kernel_for(train_gpt.relu_square_mlp, *inputs) == train_gpt.ReluSquareMLP.apply
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32
     leaves = [t.float().requires_grad_() for t in inputs]
     value = train_gpt.relu_square_mlp(*leaves)

@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,9 @@ from train_gpt import (HeadLoss, Hyperparameters, ReluSquareMLP, head_loss, kern
                        softcapped_cross_entropy)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-H100_BUILD = Path(__file__).resolve().parent / "kernels_for_h100.py"
+GPU_BUILDS = Path(__file__).resolve().parent / "kernels_for_gpus.py"
 SOFTCAP = Hyperparameters.softcap
+MLP_SETTING = train_gpt.KERNEL_SETTINGS["mlp"][0]  # the H100's, which the CPU takes
 # Without Triton (PyTorch's CPU-only builds, macOS) the script runs the recipe's torch code, and
 # only the tests that launch a kernel, on a GPU or in the interpreter, have nothing to test.
 needs_triton = pytest.mark.skipif(train_gpt.triton is None, reason=(
@@ -179,7 +181,7 @@ def mlp_inputs(hidden=MLP_SHAPE["hidden"], tokens=MLP_SHAPE["tokens"]):
 @needs_triton
 def test_relu_square_matmul_forward_writes_the_product_and_its_relu_squared():
     x, w_fc, _ = mlp_inputs()
-    assert mlp_fits_tiles(*MLP_SHAPE.values())
+    assert mlp_fits_tiles(*MLP_SHAPE.values(), MLP_SETTING)
     pre, h = relu_square_matmul(x, w_fc.T, None)  # w_fc.T: a transposed view, as the MLP passes
     exact = x.double() @ w_fc.double().T
     assert within_one_ulp(pre, exact, slack=fp32_sum_error(x, w_fc.T))
@@ -249,7 +251,7 @@ def test_relu_square_mlp_kernel_in_bf16_is_about_as_close_to_fp64_as_torch(hidde
     (4096, 200, 800, False), (4096, 96, 384, False), (4000, 256, 1024, False),
     (4096, 128, 384, False)])
 def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, hidden, fits):
-    assert mlp_fits_tiles(tokens, dim, hidden) == fits
+    assert mlp_fits_tiles(tokens, dim, hidden, MLP_SETTING) == fits
     x, w_fc, w_proj = (torch.empty(tokens, dim), torch.empty(hidden, dim),
                        torch.empty(dim, hidden))
     expected = ReluSquareMLP.apply if fits and train_gpt.triton else relu_square_mlp
@@ -257,9 +259,10 @@ def test_the_mlp_kernel_takes_whole_tiles_only(tokens, dim, hidden, fits):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_on_a_gpu_the_mlp_kernel_takes_bf16_alone(dtype):
+def test_on_a_gpu_the_mlp_kernel_takes_bf16_alone(dtype, monkeypatch):
     """It multiplies in bf16 there: a copy that runs the stream in fp32 takes the recipe. On
-    stand-in CUDA tensors, with shapes and no memory."""
+    stand-in CUDA tensors, with shapes and no memory, on a GPU that the first setting fits."""
+    monkeypatch.setattr(train_gpt, "LAUNCH_SETTINGS", {("mlp", torch.device("cuda", 0)): 0})
     with FakeTensorMode():
         x, w_fc, w_proj = (torch.empty(*shape, dtype=dtype, device="cuda")
                            for shape in [(4096, 768), (3072, 768), (768, 3072)])
@@ -313,18 +316,61 @@ def test_both_kernels_compile_into_one_graph_with_the_eager_results():
 
 
 @needs_triton
-def test_the_kernels_compile_for_an_h100_with_the_products_on_pipelined_tensor_cores(tmp_path):
-    """Triton's compiler and ptxas, not its interpreter, with an empty kernel cache."""
+def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_that_fits(tmp_path):
+    """Triton's compiler and ptxas, not its interpreter, with an empty kernel cache, for each
+    target: the setting the script chooses compiles within the target's shared memory per block,
+    with no local memory; where none fits (the 99 KB GPUs, for the MLP), the dispatch hands the
+    model the recipe's torch function."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(H100_BUILD)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, str(GPU_BUILDS)], capture_output=True, text=True,
                             env=env | {"TRITON_CACHE_DIR": str(tmp_path)}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    compiled = json.loads(result.stdout.splitlines()[-1])
-    assert set(compiled) == {"head", "mlp_forward", "mlp_backward"}
-    for part in ("mlp_forward", "mlp_backward"):
-        assert compiled[part]["wgmma"], part
-        assert compiled[part]["stages"] == train_gpt.RELU_SQUARE_CONFIG["num_stages"], part
-        assert compiled[part]["shared_bytes"] <= 227 * 1024, part  # an H100's per block
+    targets = json.loads(result.stdout.splitlines()[-1])
+    assert set(targets) == {"80", "86", "89", "90", "100", "120"}
+    for capability, target in targets.items():
+        for kernel, chosen in target["kernels"].items():
+            assert (chosen["takes"] == "kernel") == (chosen["setting"] is not None), chosen
+            for build in chosen["builds"]:
+                assert build["shared_bytes"] <= target["max_shared"], (capability, kernel)
+                assert build["local_bytes"] == 0, (capability, kernel)
+    for capability, target in targets.items():  # no MLP setting fits 99 KB yet (86, 89, 120)
+        mlp = "kernel" if capability in ("80", "90", "100") else "recipe"
+        assert {kernel: chosen["takes"] for kernel, chosen in target["kernels"].items()} == dict(
+            head="kernel", mlp=mlp), capability
+    h100_mlp = targets["90"]["kernels"]["mlp"]  # its setting, first, on pipelined tensor cores
+    assert h100_mlp["setting"] == 0 and len(h100_mlp["builds"]) == 2
+    for build in h100_mlp["builds"]:
+        assert build["wgmma"]
+        assert build["stages"] == train_gpt.KERNEL_SETTINGS["mlp"][0]["num_stages"]
+
+
+def test_where_no_setting_fits_the_recipe_runs(monkeypatch):
+    """A GPU that none of a kernel's settings fits, stood in for by the CPU."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(train_gpt, "LAUNCH_SETTINGS", {("head", cpu): None, ("mlp", cpu): None})
+    x, w_fc, w_proj = mlp_inputs()
+    assert kernel_for(relu_square_mlp, x, w_fc, w_proj) is relu_square_mlp
+    assert kernel_for(head_loss, *head_inputs(), SOFTCAP) is head_loss
+
+
+@needs_triton
+def test_a_setting_that_does_not_build_for_the_gpu_does_not_fit(monkeypatch):
+    """A compiler too old for the GPU, say: the next setting is tried, and with none left the
+    recipe runs, with a warning that names the setting and the error."""
+    first, second = dict(BLOCK=1024, num_warps=4), dict(BLOCK=2048, num_warps=4)
+    monkeypatch.setitem(train_gpt.KERNEL_SETTINGS, "head", [first, second])
+    monkeypatch.setitem(train_gpt.KERNEL_LAUNCHES, "head", (None, {}, [{}]))
+
+    def compile_for(kernel, setting, variant, target):
+        if setting is first or target == "sm_999":
+            raise RuntimeError("ptxas fatal: Value 'sm_999' is not defined for option 'gpu-name'")
+        return types.SimpleNamespace(metadata=types.SimpleNamespace(shared=16))
+    monkeypatch.setattr(train_gpt, "compile_for", compile_for)
+    with pytest.warns(UserWarning, match=r"the head kernel's setting \{'BLOCK': 1024, "
+                      r"'num_warps': 4\} does not build for sm_90: ptxas fatal"):
+        assert train_gpt.first_fitting_setting("head", "sm_90", 232_448) == 1
+    with pytest.warns(UserWarning, match="does not build for sm_999"):
+        assert train_gpt.first_fitting_setting("head", "sm_999", 232_448) is None
 
 
 def test_without_triton_the_kernel_tests_skip_with_their_reason():

@@ -270,6 +270,27 @@ def test_a_read_only_log_folder_is_refused(tmp_path, monkeypatch):
         main(TINY + [f"--log_dir={folder}"])
 
 
+@pytest.mark.parametrize("name, capability", [
+    ("Tesla V100-SXM2-16GB", (7, 0)), ("Tesla T4", (7, 5)), ("NVIDIA A100-SXM4-80GB", (8, 0))])
+def test_a_gpu_without_bf16_is_refused_in_one_line_before_anything_is_built(name, capability):
+    """A stand-in GPU: CUDA's queries answer as this GPU would, and the run stops at the first
+    call that needs the GPU itself (after the check, for the A100)."""
+    code = (f"import runpy, sys, torch; c = torch.cuda; c.is_available = lambda: True; "
+            f"c.get_device_capability = lambda device: {capability}; "
+            f"c.get_device_name = lambda device: {name!r}; "
+            f"c.set_device = lambda device: sys.exit('set_device'); "
+            f"sys.argv = ['train_gpt.py', '--preset=smoke']; "
+            f"runpy.run_path({str(ROOT / 'train_gpt.py')!r}, run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 1
+    major, minor = capability
+    assert result.stderr == ("set_device\n" if major >= 8 else (
+        f"error: {name} (compute capability {major}.{minor}) has no bf16 arithmetic, in which "
+        "the recipe trains; use a GPU from the A100 (8.0) on, or hide this one for the CPU "
+        "smoke run: CUDA_VISIBLE_DEVICES= python train_gpt.py --preset=smoke\n"))
+
+
 def launcher(nproc):
     """The command that starts `nproc` processes: Python itself for one, torchrun for more."""
     return [sys.executable] if nproc == 1 else [

@@ -70,7 +70,7 @@ def on_the_gpu_path():
     build_model = train_gpt.build_model
     train_gpt.build_model = lambda args, device: build_model(args, device, gpu_path=True)
     # the head's row in one block, not 25: the interpreter then takes 5 s for 256 rows, not 52
-    train_gpt.HEAD_LOSS_CONFIG.update(BLOCK=65536)
+    train_gpt.KERNEL_SETTINGS["head"][0].update(BLOCK=65536)
     kernels = {}
     for name in ("softcapped_cross_entropy_kernel", "relu_square_matmul_kernel"):
         kernels[name] = Counted(getattr(train_gpt, name))
