@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The head in row chunks and the head kernel's race fix, on one GPU:
+#     bash records/2026-11-26_h100_head_chunks/measure.sh PART OUT
+# from a checkout of main that holds this folder. The change waits here as head_chunks.patch,
+# made against main (README.md): AFTER is main with it applied, in /tmp/after; BEFORE is main as
+# it is. Each part is one device call of at most 600 s (a session has 15 minutes of device time
+# in all, starts included, so part 1 holds what comes first); each step's time limit ends by
+# 585 s, and a step that would start after 540 s is skipped, with a line that says so. The
+# outputs: the part's log, the tests' logs, and the JSON of the benchmarks in one archive (a call
+# brings back 8 files at most).
+#   1: versions; tests/test_gpu.py as main has it, first, as every GPU session runs it (a
+#      traceback of every thread for a test past 150 s); AFTER's head tests on the GPU (tiny
+#      shapes in tests/test_kernels.py and tests/test_copies.py, the real ones in
+#      tests/test_gpu.py); one micro-batch a step by bench_step.py, AFTER then BEFORE, each from
+#      a cold compile cache (each tree's ops are named from its path: no graph is shared).
+#   2: on the caches of part 1 if the machine is still warm: AFTER and BEFORE again (the
+#      spread), AFTER on the whole batch (8 micro-batches: what one GPU alone needs), AFTER at
+#      4,096 and at 16,384 rows a chunk (its own file edited in place, so its cache holds), the
+#      head alone by bench_kernels.py in both trees; then BEFORE's step under the profiler (the
+#      map) and compare.py, BEFORE against AFTER, 100 steps, one run each.
+set -uo pipefail
+part=${1:?usage: measure.sh 1|2 OUT} out=${2:?no OUT}
+[[ $part =~ ^[12]$ ]] || { echo "PART is 1 or 2, not $part"; exit 1; }
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out" && out=$(realpath "$out")
+cd "$here/../.."  # the repository root: BEFORE
+exec > >(tee -a "$out/part$part.txt") 2>&1
+export PYTHONUNBUFFERED=1
+py=$(command -v python3 || command -v python)
+in_time() {  # NAME: whether a step may still start
+    (( SECONDS <= 540 )) || { echo "== $1 skipped: ${SECONDS}s gone"; return 1; }
+}
+limit() {  # SECONDS: that, or what is left before 585 s if less
+    echo $(( $1 < 585 - SECONDS ? $1 : 585 - SECONDS ))
+}
+tests() {  # NAME LIMIT TREE ARGS...: pytest in TREE, its output in $out/NAME.txt, its end here
+    in_time "$1" || return
+    echo "== $1"
+    (cd "$3" && timeout -k 20 -s INT "$(limit "$2")" $py -m pytest -q -n 0 \
+        -o faulthandler_timeout=150 "${@:4}" >"$out/$1.txt" 2>&1)
+    tail -25 "$out/$1.txt"
+}
+mkdir -p /tmp/json
+if [ ! -f /tmp/after/train_gpt.py ]; then  # a warm machine keeps it from part 1
+    mkdir -p /tmp/after && cp -r train_gpt.py tests benchmarks data pytest.ini /tmp/after/
+    if command -v patch >/dev/null; then
+        (cd /tmp/after && patch -s -p1 <"$here/head_chunks.patch")
+    else
+        (cd /tmp/after && git apply "$here/head_chunks.patch")
+    fi || { echo "the patch does not apply"; rm -rf /tmp/after; exit 1; }
+fi
+synthetic=$(pwd)/data/synthetic
+[ -f "$synthetic/synthetic_train_000001.bin" ] ||
+    $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
+data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/synthetic_val_*.bin")
+bench() {  # NAME TREE [ARGS...]: 20 timed steps of one micro-batch; each tree its own cache
+    in_time "bench_step $1" || return
+    echo "== bench_step $1"
+    TORCHINDUCTOR_CACHE_DIR=/tmp/cache_$(basename "$2") timeout "$(limit 200)" \
+        $py "$2/benchmarks/bench_step.py" "${data[@]}" --batch_size=65536 --steps=20 \
+        --json="/tmp/json/bench_$1.json" "${@:3}" | tail -12
+}
+chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
+    sed -i -E "s/^HEAD_CHUNK_ROWS = [0-9]+/HEAD_CHUNK_ROWS = $1/" /tmp/after/train_gpt.py
+    grep -q "^HEAD_CHUNK_ROWS = $1 " /tmp/after/train_gpt.py ||
+        { echo "no HEAD_CHUNK_ROWS in AFTER"; exit 1; }
+}
+
+if [ "$part" = 1 ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    tests test_gpu_main 270 . --durations=10 tests/test_gpu.py
+    tests test_after_head 90 /tmp/after tests/test_kernels.py tests/test_copies.py \
+        tests/test_gpu.py -k "head or softcapped or chunk or evaluation or registered or zero \
+        or trained or largest_cap or two_copies or soft_cap"
+    rm -rf /tmp/cache_after /tmp/cache_main
+    bench after_cold /tmp/after
+    bench before_cold "$(pwd)"
+fi
+if [ "$part" = 2 ]; then
+    bench after_warm /tmp/after
+    bench before_warm "$(pwd)"
+    in_time "bench_step after_whole_batch" && TORCHINDUCTOR_CACHE_DIR=/tmp/cache_after \
+        timeout "$(limit 200)" $py /tmp/after/benchmarks/bench_step.py "${data[@]}" --steps=3 \
+        --json=/tmp/json/bench_after_whole_batch.json | tail -12
+    for rows in 4096 16384; do
+        chunk_rows $rows && bench "chunks_$rows" /tmp/after
+    done
+    chunk_rows 8192
+    for tree in "$(pwd)" /tmp/after; do
+        name=$([ "$tree" = /tmp/after ] && echo after || echo before)
+        in_time "bench_kernels $name" && timeout "$(limit 120)" \
+            $py "$tree/benchmarks/bench_kernels.py" --json="/tmp/json/bench_kernels_$name.json"
+    done
+    bench before_profiled "$(pwd)" --profile=5
+    rm -rf /tmp/compare
+    # 10 validation micro-batches, not 160: the final validation is no part of a step's time
+    in_time compare && timeout "$(limit 585)" $py benchmarks/compare.py train_gpt.py \
+        /tmp/after/train_gpt.py --runs=1 --out=/tmp/compare -- "${data[@]}" \
+        --batch_size=65536 --num_iterations=100 --val_every=0 --val_tokens=655360 \
+        >"$out/compare.txt" 2>&1
+    tail -15 "$out/compare.txt"
+    cp /tmp/compare/*.json /tmp/json/ 2>/dev/null
+fi
+tar czf "$out/json_part$part.tgz" -C /tmp/json .
