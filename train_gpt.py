@@ -25,9 +25,9 @@ import sys
 import textwrap
 import threading
 import time
-import warnings
 import typing
 import uuid
+import warnings
 import zipfile
 from dataclasses import dataclass
 
