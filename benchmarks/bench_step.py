@@ -22,8 +22,11 @@ blocks and the head, not the embedding tables) x the rank's tokens, plus 12 x mo
 The loop's log lines and loss reduction are not part of the timed step.
 
 With --profile N, N more steps run under torch.profiler: their Chrome trace (gzipped), the kernels
-that took the most GPU time, and the GPU's idle gaps (time with no kernel, copy or memset
-running) go beside the JSON, as <json stem>_trace.json.gz and <json stem>_profile.txt.
+that took the most GPU time, the GPU's idle gaps (time with no kernel, copy or memset running)
+and the map of forward+backward (step_map.py: each family of kernels against its floor) go
+beside the JSON, as <json stem>_trace.json.gz and <json stem>_profile.txt; the map also goes
+into the JSON. Such a run compiles with Inductor's byte counts in its kernels, which the map
+reads.
 
 For machines without FineWeb, make shards of the same shape with data/synthetic_fineweb.py:
     python data/synthetic_fineweb.py 1 --val-tokens 11000000
@@ -40,8 +43,10 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.distributed as dist
 
+from step_map import ProfiledWork, map_report, step_map
 from training_script import TRAIN_GPT, load_script
 
 sys.path.insert(0, str(TRAIN_GPT.parent))
@@ -67,13 +72,28 @@ def matrix_parameters(model):
     return blocks + model.lm_head.weight.numel()
 
 
+def layer_attention_pairs(model, inputs, window_blocks, seq_len):
+    """The (query, key) pairs the mask allows over `inputs` (this rank's slice of a step), in
+    all of the model's attention layers together."""
+    attention_layers = sum(block.attn is not None for block in model.blocks)
+    return attention_layers * sum(attention_pairs(inputs[i:i + seq_len], window_blocks)
+                                  for i in range(0, len(inputs), seq_len))
+
+
 def step_flops(model, args, inputs, window_blocks, seq_len):
     """Model FLOPs of one forward+backward over `inputs` (this rank's slice of a step)."""
-    attention_layers = sum(block.attn is not None for block in model.blocks)
-    pairs = sum(attention_pairs(inputs[i:i + seq_len], window_blocks)
-                for i in range(0, len(inputs), seq_len))
     return (6 * matrix_parameters(model) * len(inputs),
-            12 * args.model_dim * pairs * attention_layers)
+            12 * args.model_dim * layer_attention_pairs(model, inputs, window_blocks, seq_len))
+
+
+def profiled_work(model, args, batches, seq_len):
+    """The map's ProfiledWork of `batches`: the profiled steps' (inputs, window blocks)."""
+    tokens = sum(len(inputs) for inputs, _ in batches)
+    return ProfiledWork(
+        model_dim=args.model_dim, hidden=model.blocks[0].mlp.c_fc.weight.size(0),
+        vocab_size=model.lm_head.weight.size(0), tokens=tokens,
+        attention_pairs=sum(layer_attention_pairs(model, inputs, blocks, seq_len)
+                            for inputs, blocks in batches), micro_batches=tokens // seq_len)
 
 
 def throughput(tokens, step_ms, flops, peak_tflops):
@@ -86,41 +106,22 @@ def throughput(tokens, step_ms, flops, peak_tflops):
     return tokens / step_ms * 1e3, flops / (step_ms / 1e3) / (peak_tflops * 1e12)
 
 
-# Kernel families, by a part of the kernel's name; the first that matches counts.
-FAMILIES = [("matrix products", ("nvjet", "gemm", "cutlass", "splitKreduce",
-                                  "relu_square_matmul")),  # the MLP's, with ReLU^2 in them
-            ("FlexAttention backward", ("flex_attention_backward",)),
-            ("FlexAttention forward", ("flex_attention",)),
-            ("softmax and cross-entropy", ("softmax", "nll_loss", "softcapped_cross_entropy")),
-            ("RMS norms, with what the compiler fused into them", ("rms_norm",)),
-            ("other compiled kernels", ("triton",)),
-            ("copies and memsets", ("Memcpy", "Memset")),
-            ("other", ("",))]
-
-
 def gpu_timeline(trace, top=25):
     """What the GPU did, from a Chrome trace of torch.profiler (times in us).
 
     The GPU is busy while any kernel, copy or memset runs; a gap is a stretch between the first
     and the last of them with none running. Returns the span, busy and idle time, the `top`
-    kernels and gaps, the time per kernel family (in all, and outside the annotated ranges: the
-    forward and backward passes when the annotations are the optimizers' steps), and for each
-    annotated range on the GPU its total span and busy time.
+    kernels and gaps, and for each annotated range on the GPU its total span and busy time.
     """
     events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"
                      and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                     key=lambda e: e["ts"])
     annotations = [e for e in trace["traceEvents"] if e.get("cat") == "gpu_user_annotation"]
     totals = collections.defaultdict(lambda: [0, 0.0])
-    families, outside = collections.Counter(), collections.Counter()
     gaps, busy, previous = [], [], None  # busy: disjoint (start, end) intervals
     for e in events:
         totals[e["name"]][0] += 1
         totals[e["name"]][1] += e["dur"]
-        family = next(f for f, parts in FAMILIES if any(p in e["name"] for p in parts))
-        families[family] += e["dur"]
-        if not any(a["ts"] <= e["ts"] < a["ts"] + a["dur"] for a in annotations):
-            outside[family] += e["dur"]
         start, end = e["ts"], e["ts"] + e["dur"]
         if busy and start <= busy[-1][1]:
             busy[-1] = (busy[-1][0], max(busy[-1][1], end))
@@ -142,19 +143,14 @@ def gpu_timeline(trace, top=25):
     busy_us = sum(end - start for start, end in busy)
     kernels = sorted(((t, n, name) for name, (n, t) in totals.items()), reverse=True)[:top]
     return dict(span_us=span, busy_us=busy_us, idle_us=span - busy_us, kernels=kernels,
-                gaps=sorted(gaps, reverse=True)[:top], families=families.most_common(),
-                families_outside_ranges=dict(outside), ranges=dict(ranges))
+                gaps=sorted(gaps, reverse=True)[:top], ranges=dict(ranges))
 
 
 def timeline_report(timeline, steps):
     """The lines of a gpu_timeline() of `steps` steps, per step."""
     per_step = lambda us: us / 1e3 / steps  # noqa: E731
     lines = [f"{steps} step(s): GPU busy {per_step(timeline['busy_us']):.2f} ms per step, idle "
-             f"{per_step(timeline['idle_us']):.2f} ms per step", "",
-             "GPU time by kernel family: ms per step, in all and outside the annotated ranges"]
-    outside = timeline["families_outside_ranges"]
-    lines += [f"{per_step(t):9.2f} {per_step(outside.get(family, 0)):9.2f}  {family}"
-              for family, t in timeline["families"]]
+             f"{per_step(timeline['idle_us']):.2f} ms per step"]
     lines += ["", "annotated ranges: ms per step on the GPU's timeline, of which busy"]
     lines += [f"{per_step(span):9.2f} {per_step(busy):9.2f}  {name}"
               for name, (span, busy) in sorted(timeline["ranges"].items())]
@@ -167,24 +163,27 @@ def timeline_report(timeline, steps):
     return lines
 
 
-def profile_steps(run_step, steps, stem, cuda):
-    """Run `steps` under torch.profiler; write the trace and a summary next to `stem`."""
+def profile_steps(run_step, steps, stem, cuda, work):
+    """Run `steps` under torch.profiler; write the trace and a summary next to `stem`.
+    `work(batches)` is the ProfiledWork of the steps' (inputs, window blocks), for the map."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
-    with profile(activities=activities) as prof:
-        for step in steps:
-            run_step(step)
+    with profile(activities=activities, record_shapes=True) as prof:  # shapes: for the map
+        batches = [run_step(step)[1] for step in steps]
         if cuda:
             torch.cuda.synchronize()
     prof.export_chrome_trace(f"{stem}_trace.json.gz")  # the .gz name makes it compress
     with gzip.open(f"{stem}_trace.json.gz") as trace:
-        timeline = gpu_timeline(json.load(trace))
+        trace = json.load(trace)
+    timeline, (table, rate) = gpu_timeline(trace), step_map(trace, work(batches))
     lines = timeline_report(timeline, len(steps)) + [
+        "", "The map of forward+backward: GPU time by family, against its floor"] + map_report(
+        table, rate) + [
         "", "CPU and GPU time per operator",
         prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else
                                   "self_cpu_time_total", row_limit=40)]
     Path(f"{stem}_profile.txt").write_text("\n".join(lines) + "\n")
-    return timeline
+    return timeline, table, rate
 
 
 class Timer:
@@ -228,6 +227,13 @@ def parse(argv):
 
 def main(argv=None):
     own, script, args = parse(sys.argv[1:] if argv is None else argv)
+    # a profile's map needs each compiled kernel's bytes: this adds them to the generated code
+    with inductor_config.patch(benchmark_kernel=own.profile > 0):
+        return measure(own, script, args)
+
+
+def measure(own, script, args):
+    """bench_step.py's run, with the options `own` and the hyperparameters `args` of `script`."""
     rank, world_size, device = script.setup_device()
     script.check_config(args, world_size, val_shard_tokens=float("inf"))  # no validation here
     seq_len = script.sequence_length(args, world_size)
@@ -287,13 +293,15 @@ def main(argv=None):
     if own.profile:
         stem = str(Path(own.json).with_suffix("")) + (f"_rank{rank}" if rank else "")
         after = first + own.steps
-        timeline = profile_steps(run_step, range(after, after + own.profile), stem,
-                                 device.type == "cuda")
+        timeline, table, rate = profile_steps(
+            run_step, range(after, after + own.profile), stem, device.type == "cuda",
+            lambda batches: profiled_work(model, args, batches, seq_len))
         results.update(profiled_steps=own.profile,
-                       profile_gpu_idle_ms_per_step=timeline["idle_us"] / 1e3 / own.profile)
+                       profile_gpu_idle_ms_per_step=timeline["idle_us"] / 1e3 / own.profile,
+                       map_products_tflops=rate, map=table)
     if rank == 0:
         for name, value in results.items():
-            if name != "hyperparameters":
+            if name not in ("hyperparameters", "map"):
                 print(f"{name:38s} {value:.4g}" if isinstance(value, float) else
                       f"{name:38s} {value}")
         Path(own.json).write_text(json.dumps(results, indent=2) + "\n")

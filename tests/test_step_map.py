@@ -1,0 +1,154 @@
+"""benchmarks/step_map.py: the map of a profiled step, on a trace whose every number is worked
+by hand, and on the trace of a real H100 step (records/2026-11-23_h100_1gpu), against the
+families that record's own profile gave by the kernels' names."""
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from step_map import ProfiledWork, map_report, step_map  # noqa: E402
+
+HEAD, MLP, ATTENTION = 2 * 65536 * 768 * 50304, 2 * 65536 * 768 * 3072, 2 * 65536 * 768 * 768
+
+
+def events(*pairs):
+    """A Chrome trace of (kernel, operator) pairs, one after another, times in us. Each kernel
+    is linked by its External id to its operator, or, where that is a number, to the operator
+    of that pair."""
+    trace, ts = [], 0
+    for i, (kernel, op) in enumerate(pairs):
+        if isinstance(op, dict):
+            trace.append(dict(ph="X", cat="cpu_op", ts=ts, dur=1, name=op["name"],
+                              args=dict(op["args"], **{"External id": i})))
+        launcher = op if isinstance(op, int) else i
+        trace.append(dict(kernel, ph="X", ts=ts,
+                          args=dict(kernel["args"], **{"External id": launcher})))
+        ts += kernel["dur"] + 10
+    return trace
+
+
+def kernel(name, dur, cat="kernel", **args):
+    return dict(name=name, dur=dur, cat=cat, args=args)
+
+
+def op(name, dims=None, **args):
+    return dict(name=name, args=dict(args, **({"Input Dims": dims} if dims else {})))
+
+
+def test_a_step_worked_by_hand():
+    x, x_mlp = [65536, 768], [65536, 3072]
+    trace = events(
+        (kernel("nvjet_head_NNN", 6000), op("aten::mm", [x, [768, 50304]])),
+        (kernel("relu_square_matmul_kernel", 500),
+         op("speedrun_0123::relu_square_matmul", [x, [768, 3072], []])),
+        (kernel("nvjet_mlp_TNN", 500), op("aten::mm", [x_mlp, [3072, 768], x])),
+        # one product in two kernels, its bias first: the FLOPs once, the time of both
+        (kernel("nvjet_q_splitK", 100), op("aten::addmm", [[768], x, [768, 768], x])),
+        (kernel("cublasLt::splitKreduce_kernel", 20), 3),
+        (kernel("triton_tem_fused_flex_attention_0", 400), op("triton_tem_fused_flex_0")),
+        (kernel("triton_tem_fused_flex_attention_backward_1", 1000),
+         op("triton_tem_fused_flex_attention_backward_1")),
+        (kernel("softcapped_cross_entropy_kernel", 4500),
+         op("speedrun_0123::softcapped_cross_entropy")),
+        (kernel("triton_per_fused_rms_norm_2", 300), op("triton_per_fused_rms_norm_2",
+                                                          kernel_num_gb=0.6)),
+        (kernel("triton_per_fused_rms_norm_2", 300), op("triton_per_fused_rms_norm_2",
+                                                          kernel_num_gb=0.6)),
+        (kernel("Memcpy DtoD (Device -> Device)", 2, "gpu_memcpy", bytes=3e6), None),
+        (kernel("Memset (Device)", 1, "gpu_memset", bytes=1e6), None),
+        (kernel("Memcpy HtoD (Pinned -> Device)", 1, "gpu_memcpy", bytes=2e6), None),
+        (kernel("void at::native::vectorized_elementwise_kernel", 10), None),
+        (kernel("triton_poi_fused_lerp_3", 50), op("triton_poi_fused_lerp_3")))
+    muon = next(e for e in trace if e["name"] == "triton_poi_fused_lerp_3" and e["cat"] == "kernel")
+    trace.append(dict(ph="X", cat="gpu_user_annotation", name="Optimizer.step#Muon.step",
+                      ts=muon["ts"], dur=60))  # its kernel is the optimizer's: not on the map
+    work = ProfiledWork(model_dim=768, hidden=3072, vocab_size=50304, tokens=2 * 65536,
+                        attention_pairs=10**9, micro_batches=2)
+    table, rate = step_map(dict(traceEvents=trace), work)
+    rate_per_us = HEAD / 6000  # the head's product is the fastest
+    assert rate == pytest.approx(rate_per_us * 1e6 / 1e12)
+    rows = {row["family"]: row for row in table}
+
+    def expect(family, launches, ms, tflop, gb, floor_ms):  # over the 2 micro-batches
+        row = rows.pop(family)
+        assert (row["launches"], row["ms"]) == pytest.approx((launches / 2, ms / 2)), family
+        assert row["tflop"] == (None if tflop is None else pytest.approx(tflop / 2)), family
+        assert row["gb"] == (None if gb is None else pytest.approx(gb / 2)), family
+        if floor_ms is None:
+            assert row["floor_ms"] is None and row["gap_ms"] is None, family
+        else:
+            assert row["floor_ms"] == pytest.approx(floor_ms / 2), family
+            assert row["gap_ms"] == pytest.approx((ms - floor_ms) / 2), family
+
+    expect("products: head", 1, 6.0, HEAD / 1e12, None, 6.0)
+    expect("products: MLP's ReLU^2 kernel", 1, 0.5, MLP / 1e12, None, MLP / rate_per_us / 1e3)
+    expect("products: MLP", 1, 0.5, MLP / 1e12, None, MLP / rate_per_us / 1e3)
+    expect("products: attention's projections", 2, 0.12, ATTENTION / 1e12, None,
+           ATTENTION / rate_per_us / 1e3)
+    expect("FlexAttention forward", 1, 0.4, 4 * 768 * 1e9 / 1e12, None,
+           4 * 768 * 1e9 / rate_per_us / 1e3)
+    expect("FlexAttention backward", 1, 1.0, 10 * 768 * 1e9 / 1e12, None,
+           10 * 768 * 1e9 / rate_per_us / 1e3)
+    logits = 4 * 2 * 65536 * 50304  # read once and written once, in bf16
+    expect("head's loss kernel", 1, 4.5, None, logits / 1e9, logits / 3e12 * 1e3)
+    expect("compiled elementwise, norms, reductions", 2, 0.6, None, 1.2, 1.2e9 / 3e12 * 1e3)
+    # a copy within the GPU reads and writes its bytes; one from the host, a memset, write them
+    expect("copies and memsets", 3, 0.004, None, 9e-3, 9e6 / 3e12 * 1e3)
+    expect("other", 1, 0.01, None, None, None)
+    assert rows == {}
+    assert [row["ms"] for row in table] == sorted((row["ms"] for row in table), reverse=True)
+    lines = map_report(table, rate)
+    assert lines[0].startswith(f"Per micro-batch. Floors: products and attention at "
+                               f"{rate:.0f} TFLOP/s")
+    assert lines[4] == f"| products: head | 0.5 | 3.00 | {HEAD / 2e12:.2f} |  | 3.00 | 0.00 |"
+    assert lines[-1] == f"| all | 7 | {13.634 / 2:.2f} | | | | |"
+
+
+def test_a_compiled_kernel_without_its_bytes_has_no_floor():
+    trace = events((kernel("triton_poi_fused_add_0", 100), op("triton_poi_fused_add_0",
+                                                                 kernel_num_gb=0.1)),
+                   (kernel("triton_poi_fused_add_1", 100), op("triton_poi_fused_add_1")))
+    work = ProfiledWork(768, 3072, 50304, 65536, 0, 1)
+    [row], rate = step_map(dict(traceEvents=trace), work)
+    assert rate is None and row["ms"] == 0.2 and row["floor_ms"] is None and row["gb"] is None
+
+
+def test_the_map_of_a_real_h100_step_keeps_the_families_of_its_record():
+    """The step recorded on an H100 before the kernels (no shapes recorded, no compiled kernel's
+    bytes): the map's families hold the time that record's profile gave each family by the
+    kernels' names, outside the optimizers' ranges."""
+    folder = ROOT / "records" / "2026-11-23_h100_1gpu"
+    with gzip.open(folder / "bench_1micro_trace.json.gz") as f:
+        trace = json.load(f)
+    sections = (folder / "bench_1micro_profile.txt").read_text().split("\n\n")
+    steps = int(sections[0].split(" step(s)")[0])
+    families, kernels = (next(s for s in sections if s.startswith(title)).splitlines()[1:]
+                         for title in ("GPU time by kernel family", "kernels by GPU time"))
+    # "   all   outside  family" and "   ms  launches  kernel", per step
+    by_name = {m[2]: float(m[1]) for m in map(re.compile(r" +[\d.]+ +([\d.]+)  (.+)").fullmatch,
+                                               families)}
+    per_kernel = {m[2]: float(m[1]) for m in map(re.compile(r" +([\d.]+) +[\d.]+  (.+)").fullmatch,
+                                                  kernels)}
+    table, rate = step_map(trace, ProfiledWork(768, 3072, 50304, steps * 65536, 10**9, steps))
+    rows = {row["family"]: row for row in table}
+    assert rate is None and rows["products, shapes not recorded"]["floor_ms"] is None
+    assert rows["products, shapes not recorded"]["ms"] == pytest.approx(
+        by_name["matrix products"], abs=0.006)
+    assert rows["FlexAttention forward"]["ms"] == pytest.approx(
+        by_name["FlexAttention forward"], abs=0.006)
+    # the record counted the backward's small compiled kernel as attention; the map, as compiled
+    small = per_kernel["triton_per_fused_flex_attention_backward_transpose_view_7"]
+    assert rows["FlexAttention backward"]["ms"] == pytest.approx(
+        by_name["FlexAttention backward"] - small, abs=0.006)
+    compiled = sum(by_name[f] for f in ("RMS norms, with what the compiler fused into them",
+                                        "other compiled kernels", "softmax and cross-entropy"))
+    assert rows["compiled elementwise, norms, reductions"]["ms"] == pytest.approx(
+        compiled + small, abs=0.02)
+    assert rows["copies and memsets"]["ms"] == pytest.approx(by_name["copies and memsets"],
+                                                             abs=0.006)
+    assert sum(row["ms"] for row in table) == pytest.approx(sum(by_name.values()), abs=0.05)
