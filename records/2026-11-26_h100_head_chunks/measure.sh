@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The head in row chunks and the head kernel's race fix, on one GPU:
+# The head in row chunks and the head kernel's race fix, the map of the step, and the q, k and v
+# of the attention from one product, on one GPU:
 #     bash records/2026-11-26_h100_head_chunks/measure.sh PART OUT
 # from a checkout of main that holds this folder. The change waits here as head_chunks.patch,
 # made against main (README.md): AFTER is main with it applied, in /tmp/after; BEFORE is main as
@@ -16,11 +17,17 @@
 #   2: on the caches of part 1 if the machine is still warm: AFTER and BEFORE again (the
 #      spread), AFTER on the whole batch (8 micro-batches: what one GPU alone needs), AFTER at
 #      4,096 and at 16,384 rows a chunk (its own file edited in place, so its cache holds), the
-#      head alone by bench_kernels.py in both trees; then BEFORE's step under the profiler (the
-#      map) and compare.py, BEFORE against AFTER, 100 steps, one run each.
+#      head alone by bench_kernels.py in both trees; then compare.py, BEFORE against AFTER, 100
+#      steps, one run each.
+#   3: the map and the attention's one product (qkv.patch, applied to main in /tmp/qkv; it
+#      applies after head_chunks.patch too): QKV's GPU tests (the compiled bf16 model against
+#      fp32, no recompiles) and its CPU test of the product's width; one micro-batch a step,
+#      BEFORE then QKV from cold caches, then both again (the spread: BEFORE's two runs); then
+#      BEFORE's step under the profiler, whose map needs its own cache (a profiled run compiles
+#      with Inductor's byte counts in its kernels).
 set -uo pipefail
-part=${1:?usage: measure.sh 1|2 OUT} out=${2:?no OUT}
-[[ $part =~ ^[12]$ ]] || { echo "PART is 1 or 2, not $part"; exit 1; }
+part=${1:?usage: measure.sh 1|2|3 OUT} out=${2:?no OUT}
+[[ $part =~ ^[123]$ ]] || { echo "PART is 1, 2 or 3, not $part"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" && out=$(realpath "$out")
 cd "$here/../.."  # the repository root: BEFORE
@@ -41,14 +48,16 @@ tests() {  # NAME LIMIT TREE ARGS...: pytest in TREE, its output in $out/NAME.tx
     tail -25 "$out/$1.txt"
 }
 mkdir -p /tmp/json
-if [ ! -f /tmp/after/train_gpt.py ]; then  # a warm machine keeps it from part 1
-    mkdir -p /tmp/after && cp -r train_gpt.py tests benchmarks data pytest.ini /tmp/after/
+patched() {  # TREE PATCH: a copy of main with PATCH applied, unless a warm machine kept it
+    [ -f "$1/train_gpt.py" ] && return
+    mkdir -p "$1" && cp -r train_gpt.py tests benchmarks data pytest.ini "$1/"
     if command -v patch >/dev/null; then
-        (cd /tmp/after && patch -s -p1 <"$here/head_chunks.patch")
+        (cd "$1" && patch -s -p1 <"$here/$2")
     else
-        (cd /tmp/after && git apply "$here/head_chunks.patch")
-    fi || { echo "the patch does not apply"; rm -rf /tmp/after; exit 1; }
-fi
+        (cd "$1" && git apply "$here/$2")
+    fi || { echo "$2 does not apply"; rm -rf "$1"; exit 1; }
+}
+patched /tmp/after head_chunks.patch
 synthetic=$(pwd)/data/synthetic
 [ -f "$synthetic/synthetic_train_000001.bin" ] ||
     $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
@@ -73,7 +82,7 @@ if [ "$part" = 1 ]; then
     tests test_after_head 90 /tmp/after tests/test_kernels.py tests/test_copies.py \
         tests/test_gpu.py -k "head or softcapped or chunk or evaluation or registered or zero \
         or trained or largest_cap or two_copies or soft_cap"
-    rm -rf /tmp/cache_after /tmp/cache_main
+    rm -rf /tmp/cache_after "/tmp/cache_$(basename "$(pwd)")"
     bench after_cold /tmp/after
     bench before_cold "$(pwd)"
 fi
@@ -92,7 +101,6 @@ if [ "$part" = 2 ]; then
         in_time "bench_kernels $name" && timeout "$(limit 120)" \
             $py "$tree/benchmarks/bench_kernels.py" --json="/tmp/json/bench_kernels_$name.json"
     done
-    bench before_profiled "$(pwd)" --profile=5
     rm -rf /tmp/compare
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time
     in_time compare && timeout "$(limit 585)" $py benchmarks/compare.py train_gpt.py \
@@ -101,5 +109,17 @@ if [ "$part" = 2 ]; then
         >"$out/compare.txt" 2>&1
     tail -15 "$out/compare.txt"
     cp /tmp/compare/*.json /tmp/json/ 2>/dev/null
+fi
+if [ "$part" = 3 ]; then
+    patched /tmp/qkv qkv.patch
+    tests test_qkv 120 /tmp/qkv tests/test_gpu.py tests/test_model.py -k \
+        "compiled_bf16_model_matches_fp32_eager or no_recompile or one_product"
+    rm -rf /tmp/cache_qkv "/tmp/cache_$(basename "$(pwd)")"
+    bench before_cold "$(pwd)"
+    bench qkv_cold /tmp/qkv
+    bench before_warm "$(pwd)"
+    bench qkv_warm /tmp/qkv
+    # the map; 3 steps, whose trace (about 2 MB a step) comes back in the archive
+    bench before_profiled "$(pwd)" --profile=3
 fi
 tar czf "$out/json_part$part.tgz" -C /tmp/json .
