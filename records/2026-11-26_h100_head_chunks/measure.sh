@@ -17,8 +17,10 @@
 #   2: on the caches of part 1 if the machine is still warm: AFTER and BEFORE again (the
 #      spread), AFTER on the whole batch (8 micro-batches: what one GPU alone needs), AFTER at
 #      4,096 and at 16,384 rows a chunk (its own file edited in place, so its cache holds), the
-#      head alone by bench_kernels.py in both trees; then compare.py, BEFORE against AFTER, 100
-#      steps, one run each.
+#      head alone by bench_kernels.py in both trees and in FAST (AFTER with
+#      head_fast_math.patch, in /tmp/fast: the head kernel's exp and reciprocal without the
+#      handling of denormal numbers), after FAST's bit-for-bit GPU test; then compare.py,
+#      BEFORE against AFTER, 100 steps, one run each.
 #   3: the map and the attention's one product (qkv.patch, applied to main in /tmp/qkv; it
 #      applies after head_chunks.patch too): QKV's GPU tests (the compiled bf16 model against
 #      fp32, no recompiles) and its CPU test of the product's width; one micro-batch a step,
@@ -48,14 +50,16 @@ tests() {  # NAME LIMIT TREE ARGS...: pytest in TREE, its output in $out/NAME.tx
     tail -25 "$out/$1.txt"
 }
 mkdir -p /tmp/json
-patched() {  # TREE PATCH: a copy of main with PATCH applied, unless a warm machine kept it
-    [ -f "$1/train_gpt.py" ] && return
+patched() {  # TREE PATCH...: a copy of main with the patches applied, unless a warm machine
+    [ -f "$1/train_gpt.py" ] && return  # kept it
     mkdir -p "$1" && cp -r train_gpt.py tests benchmarks data pytest.ini "$1/"
-    if command -v patch >/dev/null; then
-        (cd "$1" && patch -s -p1 <"$here/$2")
-    else
-        (cd "$1" && git apply "$here/$2")
-    fi || { echo "$2 does not apply"; rm -rf "$1"; exit 1; }
+    for name in "${@:2}"; do
+        if command -v patch >/dev/null; then
+            (cd "$1" && patch -s -p1 <"$here/$name")
+        else
+            (cd "$1" && git apply "$here/$name")
+        fi || { echo "$name does not apply"; rm -rf "$1"; exit 1; }
+    done
 }
 patched /tmp/after head_chunks.patch
 synthetic=$(pwd)/data/synthetic
@@ -96,8 +100,10 @@ if [ "$part" = 2 ]; then
         chunk_rows $rows && bench "chunks_$rows" /tmp/after
     done
     chunk_rows 8192
-    for tree in "$(pwd)" /tmp/after; do
-        name=$([ "$tree" = /tmp/after ] && echo after || echo before)
+    patched /tmp/fast head_chunks.patch head_fast_math.patch
+    tests test_fast 60 /tmp/fast tests/test_gpu.py -k fast_exp
+    for name in before after fast; do
+        tree=$([ $name = before ] && pwd || echo /tmp/$name)
         in_time "bench_kernels $name" && timeout "$(limit 120)" \
             $py "$tree/benchmarks/bench_kernels.py" --json="/tmp/json/bench_kernels_$name.json"
     done
