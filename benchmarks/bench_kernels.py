@@ -1,6 +1,7 @@
 """Time each GPU kernel of train_gpt.py against the compiled pure-torch computation it replaces.
 
     python benchmarks/bench_kernels.py [--script attempt.py] [--json bench_kernels.json] [--sweep]
+                                       [--part head|mlp]
 
 At the reference shapes of one 65,536-token micro-batch: the head and its loss (768 -> 50,304
 columns) and one MLP (768 -> 3,072 -> 768), forward and backward, in bf16. Each is timed with
@@ -8,7 +9,8 @@ CUDA events (median of --repeats calls after 3 warm-up calls), and its peak memo
 inputs is read from the allocator. With --sweep, each kernel's launch configuration is swept
 too (the one the file launches on this GPU is marked): the table says whether another one is
 faster. A configuration that needs more registers or shared memory than the GPU has is named,
-with the error, and skipped. --script times the kernels of a copy of train_gpt.py instead.
+with the error, and skipped. --script times the kernels of a copy of train_gpt.py instead;
+--part times one of the two alone.
 """
 import argparse
 import json
@@ -28,10 +30,14 @@ TOKENS, DIM, VOCAB = 65536, 768, 50304
 HEAD_SWEEP = [dict(BLOCK=block, num_warps=warps) for block, warps in
               [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16), (16384, 32),
                (32768, 32), (65536, 32)]]
+# The last four fit two programs on an H100's SM (64 to 96 KB of shared memory each, and 106 or
+# about 250 registers a thread in the sm_90 build): one's stores of its tiles can then overlap
+# the other's products, where one program alone leaves the tensor cores idle while it stores.
 MLP_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=64, GROUP_M=8, num_warps=warps, num_stages=stages)
              for m, n, warps, stages in [(128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4),
                                          (128, 128, 4, 4), (256, 128, 8, 3), (256, 128, 8, 4),
-                                         (64, 256, 4, 4)]]
+                                         (64, 256, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3),
+                                         (128, 128, 8, 2), (64, 256, 4, 2)]]
 
 
 def time_ms(fn, inputs, extra, repeats):
@@ -70,6 +76,7 @@ def main():
     parser.add_argument("--json", default="bench_kernels.json")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--part", choices=["head", "mlp"], help="time this kernel only")
     args = parser.parse_args()
     script = load_script(args.script)
     try:  # a kernel that no longer computes its recipe function would be timed for nothing
@@ -105,6 +112,8 @@ def main():
 
     print(f"{'part':<6}{'ms':>9}{'peak MiB':>10}  version")
     for name, reference, fused, inputs, extra, sweep in cases:
+        if args.part not in (None, name):
+            continue
         ms, mib = time_ms(torch.compile(reference), inputs, extra, args.repeats)
         record(part=name, version="compiled pure torch", ms=ms, peak_mib=mib)
         settings = script.KERNEL_SETTINGS[name]

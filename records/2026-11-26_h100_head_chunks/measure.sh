@@ -19,8 +19,9 @@
 #      4,096 and at 16,384 rows a chunk (its own file edited in place, so its cache holds), the
 #      head alone by bench_kernels.py in both trees and in FAST (AFTER with
 #      head_fast_math.patch, in /tmp/fast: the head kernel's exp and reciprocal without the
-#      handling of denormal numbers), after FAST's bit-for-bit GPU test; then compare.py,
-#      BEFORE against AFTER, 100 steps, one run each.
+#      handling of denormal numbers), after FAST's bit-for-bit GPU test; the MLP kernel's
+#      sweep of launch settings (the same kernel in every tree), with settings that fit two
+#      programs on an SM; then compare.py, BEFORE against AFTER, 100 steps, one run each.
 #   3: the map and the attention's one product (qkv.patch, applied to main in /tmp/qkv; it
 #      applies after head_chunks.patch too): QKV's GPU tests (the compiled bf16 model against
 #      fp32, no recompiles) and its CPU test of the product's width; one micro-batch a step,
@@ -107,6 +108,8 @@ if [ "$part" = 2 ]; then
         in_time "bench_kernels $name" && timeout "$(limit 120)" \
             $py "$tree/benchmarks/bench_kernels.py" --json="/tmp/json/bench_kernels_$name.json"
     done
+    in_time "bench_kernels mlp sweep" && timeout "$(limit 150)" $py benchmarks/bench_kernels.py \
+        --sweep --part=mlp --json=/tmp/json/bench_kernels_mlp_sweep.json
     rm -rf /tmp/compare
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time
     in_time compare && timeout "$(limit 585)" $py benchmarks/compare.py train_gpt.py \
