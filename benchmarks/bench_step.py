@@ -26,7 +26,9 @@ that took the most GPU time, the GPU's idle gaps (time with no kernel, copy or m
 and the map of forward+backward (step_map.py: each family of kernels against its floor) go
 beside the JSON, as <json stem>_trace.json.gz and <json stem>_profile.txt; the map also goes
 into the JSON. Such a run compiles with Inductor's byte counts in its kernels, which the map
-reads.
+reads: a compile of its own (its own cache entries), so compare its timings with a profiled
+run's only. Recording the shapes adds to the host's time, so the profiled steps' idle time is
+not comparable with that of profiles written before the map.
 
 For machines without FineWeb, make shards of the same shape with data/synthetic_fineweb.py:
     python data/synthetic_fineweb.py 1 --val-tokens 11000000
@@ -227,8 +229,10 @@ def parse(argv):
 
 def main(argv=None):
     own, script, args = parse(sys.argv[1:] if argv is None else argv)
-    # a profile's map needs each compiled kernel's bytes: this adds them to the generated code
-    with inductor_config.patch(benchmark_kernel=own.profile > 0):
+    if not own.profile:
+        return measure(own, script, args)
+    # the map needs each compiled kernel's bytes: this adds them to the generated code
+    with inductor_config.patch(benchmark_kernel=True):
         return measure(own, script, args)
 
 

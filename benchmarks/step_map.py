@@ -56,18 +56,19 @@ def kernel_family(event, op, work):
     FLOPs and bytes are None where the family's floor is not known; a product's FLOPs are given
     with its operator's first kernel only."""
     name, op_name = event["name"], op["name"] if op else ""
-    if event.get("cat") == "gpu_memcpy":
-        return "copies and memsets", 0, event["args"]["bytes"] * (2 if "DtoD" in name else 1)
-    if event.get("cat") == "gpu_memset":
-        return "copies and memsets", 0, event["args"]["bytes"]
-    if op_name in PRODUCT_OPS or op_name.endswith("::relu_square_matmul"):
-        dims = product_dims(op)
+    if op_name in PRODUCT_OPS or op_name.endswith("::relu_square_matmul"):  # with cuBLAS's
+        dims = product_dims(op)  # split-K reductions and memsets
         if dims is None:
             return "products, shapes not recorded", None, 0
+        # by the widths in the shapes: a micro-batch of as many tokens would be misread
         role = ("head" if work.vocab_size in dims else
                 "MLP's ReLU^2 kernel" if op_name.endswith("::relu_square_matmul") else
                 "MLP" if work.hidden in dims else "attention's projections")
         return f"products: {role}", 2 * dims[0] * dims[1] * dims[2], 0
+    if event.get("cat") == "gpu_memcpy":
+        return "copies and memsets", 0, event["args"]["bytes"] * (2 if "DtoD" in name else 1)
+    if event.get("cat") == "gpu_memset":
+        return "copies and memsets", 0, event["args"]["bytes"]
     if name.startswith("triton_tem_") and "flex_attention" in name:
         backward = "backward" in name
         flops = (10 if backward else 4) * work.model_dim * work.attention_pairs

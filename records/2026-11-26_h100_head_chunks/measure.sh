@@ -23,11 +23,11 @@
 #      sweep of launch settings (the same kernel in every tree), with settings that fit two
 #      programs on an SM; then compare.py, BEFORE against AFTER, 100 steps, one run each.
 #   3: the map and the attention's one product (qkv.patch, applied to main in /tmp/qkv; it
-#      applies after head_chunks.patch too): QKV's GPU tests (the compiled bf16 model against
-#      fp32, no recompiles) and its CPU test of the product's width; one micro-batch a step,
-#      BEFORE then QKV from cold caches, then both again (the spread: BEFORE's two runs); then
-#      BEFORE's step under the profiler, whose map needs its own cache (a profiled run compiles
-#      with Inductor's byte counts in its kernels).
+#      applies after head_chunks.patch too): first BEFORE's step under the profiler, the map
+#      (a compile of its own, as a profiled run compiles with Inductor's byte counts in its
+#      kernels); QKV's GPU tests (the compiled bf16 model against fp32, no recompiles) and its
+#      CPU test of the product's width; then one micro-batch a step, BEFORE then QKV from cold
+#      caches, then both again (the spread: BEFORE's two runs).
 set -uo pipefail
 part=${1:?usage: measure.sh 1|2|3 OUT} out=${2:?no OUT}
 [[ $part =~ ^[123]$ ]] || { echo "PART is 1, 2 or 3, not $part"; exit 1; }
@@ -53,7 +53,7 @@ tests() {  # NAME LIMIT TREE ARGS...: pytest in TREE, its output in $out/NAME.tx
 mkdir -p /tmp/json
 patched() {  # TREE PATCH...: a copy of main with the patches applied, unless a warm machine
     [ -f "$1/train_gpt.py" ] && return  # kept it
-    mkdir -p "$1" && cp -r train_gpt.py tests benchmarks data pytest.ini "$1/"
+    mkdir -p "$1" && cp -r train_gpt.py README.md tests benchmarks data pytest.ini "$1/"
     for name in "${@:2}"; do
         if command -v patch >/dev/null; then
             (cd "$1" && patch -s -p1 <"$here/$name")
@@ -121,14 +121,14 @@ if [ "$part" = 2 ]; then
 fi
 if [ "$part" = 3 ]; then
     patched /tmp/qkv qkv.patch
-    tests test_qkv 120 /tmp/qkv tests/test_gpu.py tests/test_model.py -k \
-        "compiled_bf16_model_matches_fp32_eager or no_recompile or one_product"
     rm -rf /tmp/cache_qkv "/tmp/cache_$(basename "$(pwd)")"
+    # the map, first: 3 steps, whose trace (about 2 MB a step) comes back in the archive
+    bench before_profiled "$(pwd)" --profile=3
+    tests test_qkv 180 /tmp/qkv tests/test_gpu.py tests/test_model.py -k \
+        "compiled_bf16_model_matches_fp32_eager or no_recompile or one_product"
     bench before_cold "$(pwd)"
     bench qkv_cold /tmp/qkv
     bench before_warm "$(pwd)"
     bench qkv_warm /tmp/qkv
-    # the map; 3 steps, whose trace (about 2 MB a step) comes back in the archive
-    bench before_profiled "$(pwd)" --profile=3
 fi
 tar czf "$out/json_part$part.tgz" -C /tmp/json .
