@@ -10,7 +10,8 @@ their External id):
 - FlexAttention's forward and backward by their template kernels;
 - the head's loss by its kernel's name;
 - the compiled elementwise work (norms, residual, rotary, mixing) by Inductor's name prefix;
-- copies and memsets; the rest is "other".
+- copies and memsets (but those a product launches, as cuBLAS does, are the product's); the
+  rest is "other".
 
 Floors:
 - products: their FLOPs (2 m k n each, from the shapes) at the rate that the fastest family of
@@ -56,8 +57,9 @@ def kernel_family(event, op, work):
     FLOPs and bytes are None where the family's floor is not known; a product's FLOPs are given
     with its operator's first kernel only."""
     name, op_name = event["name"], op["name"] if op else ""
-    if op_name in PRODUCT_OPS or op_name.endswith("::relu_square_matmul"):  # with cuBLAS's
-        dims = product_dims(op)  # split-K reductions and memsets
+    if op_name in PRODUCT_OPS or op_name.endswith("::relu_square_matmul"):
+        # each kernel of a product is the product's: cuBLAS's split-K reductions and memsets too
+        dims = product_dims(op)
         if dims is None:
             return "products, shapes not recorded", None, 0
         # by the widths in the shapes: a micro-batch of as many tokens would be misread
