@@ -108,9 +108,10 @@ def step_map(trace, work, bandwidth=3e12):
         if family.startswith("FlexAttention") or family == "head's loss kernel":
             whole_family[family] = (flops, nbytes)
             continue
-        if family.startswith("products") and op_id in counted_ops:
-            continue
-        counted_ops.add(op_id)
+        if family.startswith("products"):
+            if op_id in counted_ops:
+                continue
+            counted_ops.add(op_id)
         for key, value in (("flops", flops), ("bytes", nbytes)):
             row[key] = None if value is None or row[key] is None else row[key] + value
     for family, (flops, nbytes) in whole_family.items():
