@@ -28,9 +28,15 @@
 #      kernels); QKV's GPU tests (the compiled bf16 model against fp32, no recompiles) and its
 #      CPU test of the product's width; then one micro-batch a step, BEFORE then QKV from cold
 #      caches, then both again (the spread: BEFORE's two runs).
+#   4: the MLP kernel as one program an SM (mlp_persistent.patch, applied to main in
+#      /tmp/persist): its GPU tests (the real shapes against fp32, the kernels' tests on the GPU,
+#      the builds for every target); its outputs against main's kernel, bit for bit
+#      (mlp_same_bits.py); one MLP by bench_kernels.py, BEFORE, PERSIST, BEFORE (the spread);
+#      one micro-batch a step, BEFORE then PERSIST from cold caches, then BEFORE again; last,
+#      the sweep of PERSIST's settings, flattened and not.
 set -uo pipefail
-part=${1:?usage: measure.sh 1|2|3 OUT} out=${2:?no OUT}
-[[ $part =~ ^[123]$ ]] || { echo "PART is 1, 2 or 3, not $part"; exit 1; }
+part=${1:?usage: measure.sh 1|2|3|4 OUT} out=${2:?no OUT}
+[[ $part =~ ^[1234]$ ]] || { echo "PART is 1, 2, 3 or 4, not $part"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" && out=$(realpath "$out")
 cd "$here/../.."  # the repository root: BEFORE
@@ -53,7 +59,8 @@ tests() {  # NAME LIMIT TREE ARGS...: pytest in TREE, its output in $out/NAME.tx
 mkdir -p /tmp/json
 patched() {  # TREE PATCH...: a copy of main with the patches applied, unless a warm machine
     [ -f "$1/train_gpt.py" ] && return  # kept it
-    mkdir -p "$1" && cp -r train_gpt.py README.md tests benchmarks data pytest.ini "$1/"
+    mkdir -p "$1" && cp -r train_gpt.py README.md tests benchmarks data pytest.ini \
+        requirements.txt "$1/"
     for name in "${@:2}"; do
         if command -v patch >/dev/null; then
             (cd "$1" && patch -s -p1 <"$here/$name")
@@ -130,5 +137,24 @@ if [ "$part" = 3 ]; then
     bench qkv_cold /tmp/qkv
     bench before_warm "$(pwd)"
     bench qkv_warm /tmp/qkv
+fi
+if [ "$part" = 4 ]; then
+    patched /tmp/persist mlp_persistent.patch
+    rm -rf /tmp/cache_persist "/tmp/cache_$(basename "$(pwd)")"
+    tests test_persist 150 /tmp/persist tests/test_gpu.py tests/test_kernels.py -k \
+        "relu or mlp or every_gpu or an_h100_launches"
+    in_time "same bits" && echo "== same bits" &&
+        timeout "$(limit 60)" $py "$here/mlp_same_bits.py" . /tmp/persist
+    for name in before persist before_again; do
+        tree=$([ $name = persist ] && echo /tmp/persist || pwd)
+        in_time "bench_kernels mlp $name" && timeout "$(limit 90)" $py \
+            "$tree/benchmarks/bench_kernels.py" --part=mlp --json="/tmp/json/mlp_$name.json"
+    done
+    bench before_cold "$(pwd)"
+    bench persist_cold /tmp/persist
+    bench before_warm "$(pwd)"
+    in_time "bench_kernels mlp sweep" && timeout "$(limit 150)" \
+        $py /tmp/persist/benchmarks/bench_kernels.py --sweep --part=mlp \
+        --json=/tmp/json/mlp_persist_sweep.json
 fi
 tar czf "$out/json_part$part.tgz" -C /tmp/json .

@@ -1,0 +1,51 @@
+"""Whether two trees' MLP kernels write the same bits, at the real shapes, on a GPU:
+    python records/2026-11-26_h100_head_chunks/mlp_same_bits.py BEFORE_TREE AFTER_TREE
+
+Loads each tree's train_gpt.py as a module of its own (each registers its own ops), then runs
+both trees' relu_square_matmul on the same bf16 inputs of one 65,536-token micro-batch: the
+forward's product (x by w_fc^T, a view) and the backward's (the gradient by w_proj, with the
+forward's `pre`). Prints, for each output, how many elements differ and the largest difference,
+and exits 1 if any does.
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+TOKENS, DIM, HIDDEN = 65536, 768, 3072
+DEVICE = "cuda"  # a CPU check of the script itself sets "cpu" (with TRITON_INTERPRET=1)
+
+
+def load(tree, name):
+    spec = importlib.util.spec_from_file_location(name, Path(tree) / "train_gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(before, after):
+    trees = [load(before, "before_gpt"), load(after, "after_gpt")]
+    generator = torch.Generator(DEVICE).manual_seed(0)
+
+    def randn(*shape, scale):
+        return (torch.randn(*shape, device=DEVICE, generator=generator) * scale).bfloat16()
+
+    x, grad = randn(TOKENS, DIM, scale=1.0), randn(TOKENS, DIM, scale=1.0)
+    w_fc, w_proj = randn(HIDDEN, DIM, scale=DIM ** -0.5), randn(DIM, HIDDEN, scale=HIDDEN ** -0.5)
+    pre = trees[0].relu_square_matmul(x, w_fc.T, None)[0]
+    differ = 0
+    for name, args in [("forward", (x, w_fc.T, None)), ("backward", (grad, w_proj, pre))]:
+        outputs = [tree.relu_square_matmul(*args) for tree in trees]
+        for label, one, other in zip(["product", "relu^2"], *outputs):
+            count = (one != other).sum().item()
+            largest = (one.float() - other.float()).abs().max().item()
+            print(f"{name} {label}: {count} of {one.numel()} elements differ, by {largest:g} "
+                  "at most")
+            differ += count
+    sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
