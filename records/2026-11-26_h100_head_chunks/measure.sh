@@ -29,14 +29,15 @@
 #      CPU test of the product's width; then one micro-batch a step, BEFORE then QKV from cold
 #      caches, then both again (the spread: BEFORE's two runs).
 #   4: the MLP kernel as one program an SM (mlp_persistent.patch, applied to main in
-#      /tmp/persist): its GPU tests (the real shapes against fp32, the kernels' tests on the GPU,
-#      the builds for every target); its outputs against main's kernel, bit for bit
-#      (mlp_same_bits.py); one MLP by bench_kernels.py, BEFORE, PERSIST, BEFORE (the spread);
-#      one micro-batch a step, BEFORE then PERSIST from cold caches, then BEFORE again; last,
-#      the sweep of PERSIST's settings, flattened and not.
+#      /tmp/persist): its GPU tests (the real shapes against fp32, the kernels' tests on the GPU:
+#      opcheck, one compiled graph, the builds for every target); its outputs against main's
+#      kernel, bit for bit (mlp_same_bits.py); one micro-batch a step, BEFORE then PERSIST from
+#      cold caches, then BEFORE again (the spread); one MLP by bench_kernels.py, BEFORE, PERSIST,
+#      BEFORE.
+#   5: the sweep of PERSIST's MLP settings, flattened and not (its own call: about 150 s).
 set -uo pipefail
-part=${1:?usage: measure.sh 1|2|3|4 OUT} out=${2:?no OUT}
-[[ $part =~ ^[1234]$ ]] || { echo "PART is 1, 2, 3 or 4, not $part"; exit 1; }
+part=${1:?usage: measure.sh 1|2|3|4|5 OUT} out=${2:?no OUT}
+[[ $part =~ ^[1-5]$ ]] || { echo "PART is 1 to 5, not $part"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" && out=$(realpath "$out")
 cd "$here/../.."  # the repository root: BEFORE
@@ -138,22 +139,27 @@ if [ "$part" = 3 ]; then
     bench before_warm "$(pwd)"
     bench qkv_warm /tmp/qkv
 fi
-if [ "$part" = 4 ]; then
+if [[ $part =~ ^[45]$ ]]; then
     patched /tmp/persist mlp_persistent.patch
+fi
+if [ "$part" = 4 ]; then
     rm -rf /tmp/cache_persist "/tmp/cache_$(basename "$(pwd)")"
-    tests test_persist 150 /tmp/persist tests/test_gpu.py tests/test_kernels.py -k \
-        "relu or mlp or every_gpu or an_h100_launches"
+    tests test_persist 130 /tmp/persist tests/test_gpu.py tests/test_kernels.py -k \
+        "relu or mlp or every_gpu or an_h100_launches or registered or one_graph"
     in_time "same bits" && echo "== same bits" &&
         timeout "$(limit 60)" $py "$here/mlp_same_bits.py" . /tmp/persist
-    for name in before persist before_again; do
-        tree=$([ $name = persist ] && echo /tmp/persist || pwd)
-        in_time "bench_kernels mlp $name" && timeout "$(limit 90)" $py \
-            "$tree/benchmarks/bench_kernels.py" --part=mlp --json="/tmp/json/mlp_$name.json"
-    done
     bench before_cold "$(pwd)"
     bench persist_cold /tmp/persist
     bench before_warm "$(pwd)"
-    in_time "bench_kernels mlp sweep" && timeout "$(limit 150)" \
+    for name in before persist before_again; do
+        tree=$([ $name = persist ] && echo /tmp/persist || pwd)
+        in_time "bench_kernels mlp $name" && echo "== bench_kernels mlp $name" &&
+            timeout "$(limit 60)" $py "$tree/benchmarks/bench_kernels.py" --part=mlp \
+            --json="/tmp/json/mlp_$name.json"
+    done
+fi
+if [ "$part" = 5 ]; then
+    in_time "bench_kernels mlp sweep" && timeout "$(limit 300)" \
         $py /tmp/persist/benchmarks/bench_kernels.py --sweep --part=mlp \
         --json=/tmp/json/mlp_persist_sweep.json
 fi
