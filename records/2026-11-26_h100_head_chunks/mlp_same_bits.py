@@ -1,32 +1,26 @@
 """Whether two trees' MLP kernels write the same bits, at the real shapes, on a GPU:
     python records/2026-11-26_h100_head_chunks/mlp_same_bits.py BEFORE_TREE AFTER_TREE
 
-Loads each tree's train_gpt.py as a module of its own (each registers its own ops), then runs
+Loads each tree's train_gpt.py (each copy registers its own ops, named from its path), then runs
 both trees' relu_square_matmul on the same bf16 inputs of one 65,536-token micro-batch: the
 forward's product (x by w_fc^T, a view) and the backward's (the gradient by w_proj, with the
 forward's `pre`). Prints, for each output, how many elements differ and the largest difference,
 and exits 1 if any does.
 """
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from training_script import load_script  # noqa: E402
+
 TOKENS, DIM, HIDDEN = 65536, 768, 3072
 DEVICE = "cuda"  # a CPU check of the script itself sets "cpu" (with TRITON_INTERPRET=1)
 
 
-def load(tree, name):
-    spec = importlib.util.spec_from_file_location(name, Path(tree) / "train_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(before, after):
-    trees = [load(before, "before_gpt"), load(after, "after_gpt")]
+    trees = [load_script(Path(tree) / "train_gpt.py") for tree in (before, after)]
     generator = torch.Generator(DEVICE).manual_seed(0)
 
     def randn(*shape, scale):
