@@ -34,7 +34,10 @@
 #      kernel, bit for bit (mlp_same_bits.py); one micro-batch a step, BEFORE then PERSIST from
 #      cold caches, then BEFORE again (the spread); one MLP by bench_kernels.py, BEFORE, PERSIST,
 #      BEFORE.
-#   5: the sweep of PERSIST's MLP settings, flattened and not (its own call: about 150 s).
+#   5: what bounds the kernels, read by Nsight Compute (kernel_bounds.py: main's MLP and head
+#      with the cuBLAS products around them, and PERSIST's MLP; hardware counters, which a
+#      Firecracker machine reads and a gVisor one does not); then the sweep of PERSIST's MLP
+#      settings, flattened and not (about 150 s).
 set -uo pipefail
 part=${1:?usage: measure.sh 1|2|3|4|5 OUT} out=${2:?no OUT}
 [[ $part =~ ^[1-5]$ ]] || { echo "PART is 1 to 5, not $part"; exit 1; }
@@ -159,6 +162,19 @@ if [ "$part" = 4 ]; then
     done
 fi
 if [ "$part" = 5 ]; then
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    # one run each, the MLPs first: ncu prints nothing of a run cut short
+    for run in "main mlp" "persist mlp" "main head"; do
+        set -- $run
+        tree=$([ "$1" = main ] && pwd || echo /tmp/persist)
+        in_time "ncu $run" && echo "== ncu $run" && timeout "$(limit 120)" "${ncu:-ncu}" \
+            --profile-from-start off --clock-control none --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+            --section WarpStateStats --section LaunchStats --section Occupancy \
+            $py "$here/kernel_bounds.py" "$tree" "$2" >"$out/ncu_$1_$2.txt" 2>&1
+        grep -E "^  [a-z_0-9]+.*\(|Duration|Throughput|Registers Per|profiled:|ERR" \
+            "$out/ncu_$1_$2.txt" | head -60
+    done
     in_time "bench_kernels mlp sweep" && timeout "$(limit 300)" \
         $py /tmp/persist/benchmarks/bench_kernels.py --sweep --part=mlp \
         --json=/tmp/json/mlp_persist_sweep.json
