@@ -10,10 +10,12 @@
 # outputs: the part's log, the tests' logs, and the JSON of the benchmarks in one archive (a call
 # brings back 8 files at most).
 #   1: versions; tests/test_gpu.py as main has it, first, as every GPU session runs it (a
-#      traceback of every thread for a test past 150 s); AFTER's head tests on the GPU (tiny
-#      shapes in tests/test_kernels.py and tests/test_copies.py, the real ones in
-#      tests/test_gpu.py); one micro-batch a step by bench_step.py, AFTER then BEFORE, each from
-#      a cold compile cache (each tree's ops are named from its path: no graph is shared).
+#      traceback of every thread for a test past 150 s), all but its resume test (165 s alone
+#      on 2026-11-24: with it, the file takes about 400 s), which part 5 runs; AFTER's head
+#      tests on the GPU (tiny shapes in tests/test_kernels.py and tests/test_copies.py, the
+#      real ones in tests/test_gpu.py); one micro-batch a step by bench_step.py, AFTER then
+#      BEFORE, each from a cold compile cache (each tree's ops are named from its path: no
+#      graph is shared).
 #   2: on the caches of part 1 if the machine is still warm: AFTER and BEFORE again (the
 #      spread), AFTER on the whole batch (8 micro-batches: what one GPU alone needs), AFTER at
 #      4,096 and at 16,384 rows a chunk (its own file edited in place, so its cache holds), the
@@ -36,8 +38,9 @@
 #      BEFORE.
 #   5: what bounds the kernels, read by Nsight Compute (kernel_bounds.py: main's MLP and head
 #      with the cuBLAS products around them, and PERSIST's MLP; hardware counters, which a
-#      Firecracker machine reads and a gVisor one does not); then the sweep of PERSIST's MLP
-#      settings, flattened and not (about 150 s).
+#      Firecracker machine reads and a gVisor one does not); main's resume test on the GPU
+#      (part 1 leaves it out); then the sweep of PERSIST's MLP settings, flattened and not
+#      (about 150 s).
 set -uo pipefail
 part=${1:?usage: measure.sh 1|2|3|4|5 OUT} out=${2:?no OUT}
 [[ $part =~ ^[1-5]$ ]] || { echo "PART is 1 to 5, not $part"; exit 1; }
@@ -94,7 +97,7 @@ chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
 if [ "$part" = 1 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-    tests test_gpu_main 270 . --durations=10 tests/test_gpu.py
+    tests test_gpu_main 270 . --durations=10 tests/test_gpu.py -k "not resume"
     tests test_after_head 90 /tmp/after tests/test_kernels.py tests/test_copies.py \
         tests/test_gpu.py -k "head or softcapped or chunk or evaluation or registered or zero \
         or trained or largest_cap or two_copies or soft_cap"
@@ -175,6 +178,8 @@ if [ "$part" = 5 ]; then
         grep -E "^  [a-z_0-9]+.*\(|Duration|Throughput|Registers Per|profiled:|ERR" \
             "$out/ncu_$1_$2.txt" | head -60
     done
+    tests test_gpu_resume 250 . -o faulthandler_timeout=280 --durations=3 tests/test_gpu.py \
+        -k resume
     in_time "bench_kernels mlp sweep" && timeout "$(limit 300)" \
         $py /tmp/persist/benchmarks/bench_kernels.py --sweep --part=mlp \
         --json=/tmp/json/mlp_persist_sweep.json
