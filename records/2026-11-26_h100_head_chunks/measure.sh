@@ -41,9 +41,14 @@
 #      Firecracker machine reads and a gVisor one does not); main's resume test on the GPU
 #      (part 1 leaves it out); then the sweep of PERSIST's MLP settings, flattened and not
 #      (about 150 s).
+#   6: the head kernel reading each logit once (head_one_pass.patch, after head_chunks.patch,
+#      in /tmp/onepass): its head tests on the GPU (tiny shapes, and the real ones against
+#      fp32, and the zero head, whose loss and targets' gradient a race would spoil); one
+#      micro-batch a step, AFTER then ONE_PASS from cold caches, then AFTER again (the
+#      spread); the head alone by bench_kernels.py, AFTER, ONE_PASS, AFTER.
 set -uo pipefail
-part=${1:?usage: measure.sh 1|2|3|4|5 OUT} out=${2:?no OUT}
-[[ $part =~ ^[1-5]$ ]] || { echo "PART is 1 to 5, not $part"; exit 1; }
+part=${1:?usage: measure.sh 1|2|3|4|5|6 OUT} out=${2:?no OUT}
+[[ $part =~ ^[1-6]$ ]] || { echo "PART is 1 to 6, not $part"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" && out=$(realpath "$out")
 cd "$here/../.."  # the repository root: BEFORE
@@ -183,5 +188,21 @@ if [ "$part" = 5 ]; then
     in_time "bench_kernels mlp sweep" && timeout "$(limit 300)" \
         $py /tmp/persist/benchmarks/bench_kernels.py --sweep --part=mlp \
         --json=/tmp/json/mlp_persist_sweep.json
+fi
+if [ "$part" = 6 ]; then
+    patched /tmp/onepass head_chunks.patch head_one_pass.patch
+    rm -rf /tmp/cache_after /tmp/cache_onepass
+    tests test_onepass 150 /tmp/onepass tests/test_kernels.py tests/test_copies.py \
+        tests/test_gpu.py -k "head or softcapped or chunk or evaluation or zero or trained \
+        or largest_cap or two_copies or soft_cap"
+    bench after_cold /tmp/after
+    bench onepass_cold /tmp/onepass
+    bench after_warm /tmp/after
+    for name in after onepass after_again; do
+        tree=$([ $name = onepass ] && echo /tmp/onepass || echo /tmp/after)
+        in_time "bench_kernels head $name" && echo "== bench_kernels head $name" &&
+            timeout "$(limit 90)" $py "$tree/benchmarks/bench_kernels.py" --part=head \
+            --json="/tmp/json/head_$name.json"
+    done
 fi
 tar czf "$out/json_part$part.tgz" -C /tmp/json .
