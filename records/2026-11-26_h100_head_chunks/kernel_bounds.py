@@ -23,7 +23,7 @@ DEVICE = "cuda"  # a CPU check of the script itself sets "cpu" (with TRITON_INTE
 
 
 def parts(script, generator):
-    """Each part as (name, a function that runs it once, forward and backward)."""
+    """Each part's function that runs it once, forward and backward, by the part's name."""
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, device=DEVICE, generator=generator) * scale).bfloat16()
 
