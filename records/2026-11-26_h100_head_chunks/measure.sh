@@ -43,7 +43,7 @@
 #      (about 150 s).
 #   6: the head kernel reading each logit once (head_one_pass.patch, after head_chunks.patch,
 #      in /tmp/onepass): its head tests on the GPU (tiny shapes, and the real ones against
-#      fp32, and the zero head, whose loss and targets' gradient a race would spoil); one
+#      fp32, and the zero head, whose loss and targets' entries a race would spoil); one
 #      micro-batch a step, AFTER then ONE_PASS from cold caches, then AFTER again (the
 #      spread); the head alone by bench_kernels.py, AFTER, ONE_PASS, AFTER.
 set -uo pipefail
