@@ -43,7 +43,8 @@
 #      (about 150 s).
 #   6: the head kernel reading each logit once (head_one_pass.patch, after head_chunks.patch,
 #      in /tmp/onepass): its head tests on the GPU (tiny shapes, and the real ones against
-#      fp32, and the zero head, whose loss and targets' entries a race would spoil); one
+#      fp32, and the zero head, whose loss and targets' entries a race would spoil), and that
+#      its steps never wait for the GPU (its scatter and gathers included); one
 #      micro-batch a step, AFTER then ONE_PASS from cold caches, then AFTER again (the
 #      spread); the head alone by bench_kernels.py, AFTER, ONE_PASS, AFTER.
 set -uo pipefail
@@ -194,7 +195,7 @@ if [ "$part" = 6 ]; then
     rm -rf /tmp/cache_after /tmp/cache_onepass
     tests test_onepass 150 /tmp/onepass tests/test_kernels.py tests/test_copies.py \
         tests/test_gpu.py -k "head or softcapped or chunk or evaluation or zero or trained \
-        or largest_cap or two_copies or soft_cap"
+        or largest_cap or two_copies or soft_cap or never_wait"
     bench after_cold /tmp/after
     bench onepass_cold /tmp/onepass
     bench after_warm /tmp/after
