@@ -94,6 +94,12 @@ bench() {  # NAME TREE [ARGS...]: 20 timed steps of one micro-batch; each tree i
         $py "$2/benchmarks/bench_step.py" "${data[@]}" --batch_size=65536 --steps=20 \
         --json="/tmp/json/bench_$1.json" "${@:3}" | tail -12
 }
+kernels() {  # NAME TREE LIMIT [ARGS...]: bench_kernels.py in TREE, its JSON as NAME
+    in_time "bench_kernels $1" || return
+    echo "== bench_kernels $1"
+    timeout "$(limit "$3")" $py "$2/benchmarks/bench_kernels.py" --json="/tmp/json/$1.json" \
+        "${@:4}"
+}
 chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
     sed -i -E "s/^HEAD_CHUNK_ROWS = [0-9]+/HEAD_CHUNK_ROWS = $1/" /tmp/after/train_gpt.py
     grep -q "^HEAD_CHUNK_ROWS = $1 " /tmp/after/train_gpt.py ||
@@ -124,12 +130,9 @@ if [ "$part" = 2 ]; then
     patched /tmp/fast head_chunks.patch head_fast_math.patch
     tests test_fast 60 /tmp/fast tests/test_gpu.py -k fast_exp
     for name in before after fast; do
-        tree=$([ $name = before ] && pwd || echo /tmp/$name)
-        in_time "bench_kernels $name" && timeout "$(limit 120)" \
-            $py "$tree/benchmarks/bench_kernels.py" --json="/tmp/json/bench_kernels_$name.json"
+        kernels "bench_kernels_$name" "$([ $name = before ] && pwd || echo /tmp/$name)" 120
     done
-    in_time "bench_kernels mlp sweep" && timeout "$(limit 150)" $py benchmarks/bench_kernels.py \
-        --sweep --part=mlp --json=/tmp/json/bench_kernels_mlp_sweep.json
+    kernels bench_kernels_mlp_sweep "$(pwd)" 150 --sweep --part=mlp
     rm -rf /tmp/compare
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time
     in_time compare && timeout "$(limit 585)" $py benchmarks/compare.py train_gpt.py \
@@ -164,10 +167,7 @@ if [ "$part" = 4 ]; then
     bench persist_cold /tmp/persist
     bench before_warm "$(pwd)"
     for name in before persist before_again; do
-        tree=$([ $name = persist ] && echo /tmp/persist || pwd)
-        in_time "bench_kernels mlp $name" && echo "== bench_kernels mlp $name" &&
-            timeout "$(limit 60)" $py "$tree/benchmarks/bench_kernels.py" --part=mlp \
-            --json="/tmp/json/mlp_$name.json"
+        kernels "mlp_$name" "$([ $name = persist ] && echo /tmp/persist || pwd)" 60 --part=mlp
     done
 fi
 if [ "$part" = 5 ]; then
@@ -186,9 +186,7 @@ if [ "$part" = 5 ]; then
     done
     tests test_gpu_resume 250 . -o faulthandler_timeout=280 --durations=3 tests/test_gpu.py \
         -k resume
-    in_time "bench_kernels mlp sweep" && timeout "$(limit 300)" \
-        $py /tmp/persist/benchmarks/bench_kernels.py --sweep --part=mlp \
-        --json=/tmp/json/mlp_persist_sweep.json
+    kernels mlp_persist_sweep /tmp/persist 300 --sweep --part=mlp
 fi
 if [ "$part" = 6 ]; then
     patched /tmp/onepass head_chunks.patch head_one_pass.patch
@@ -200,10 +198,8 @@ if [ "$part" = 6 ]; then
     bench onepass_cold /tmp/onepass
     bench after_warm /tmp/after
     for name in after onepass after_again; do
-        tree=$([ $name = onepass ] && echo /tmp/onepass || echo /tmp/after)
-        in_time "bench_kernels head $name" && echo "== bench_kernels head $name" &&
-            timeout "$(limit 90)" $py "$tree/benchmarks/bench_kernels.py" --part=head \
-            --json="/tmp/json/head_$name.json"
+        kernels "head_$name" "/tmp/$([ $name = onepass ] && echo onepass || echo after)" 90 \
+            --part=head
     done
 fi
 tar czf "$out/json_part$part.tgz" -C /tmp/json .
