@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The head in row chunks and the head kernel's race fix, the map of the step, and the q, k and v
-# of the attention from one product, on one GPU:
+# of the attention from one product, on one GPU. First, here, in a checkout of main:
+#     bash records/2026-11-26_h100_head_chunks/measure.sh trees
+# makes trees/NAME in this folder (git ignores it): main's files with this folder's patches
+# applied by patch(1), a tree a variant, as the GPU's machine may have neither git nor patch;
+# a patch that the file `landed` here names is on main and skipped, and a variant whose patch
+# does not apply is not made (the script says which). Then on the GPU, carrying that folder:
 #     bash records/2026-11-26_h100_head_chunks/measure.sh PART OUT
-# from a checkout of main that holds this folder. The change waits here as head_chunks.patch,
-# made against main (README.md): AFTER is main with it applied, in /tmp/after; BEFORE is main as
-# it is. A patch that main holds already (it comes off main's files in reverse) is skipped, so
-# after a landing AFTER is main too. Each part is one device call of at most 600 s on a fresh
-# machine (a session has 15 minutes of device time in all, starts included: one part a session,
-# part 1 first); each step's time limit ends by 585 s, and a step that would start after 540 s
-# is skipped, with a line that says so; each step's header says when it started. The outputs:
+# BEFORE is main as it is; AFTER is main with head_chunks.patch, in trees/after (README.md).
+# Each part is one device call of at most 600 s on a fresh machine (a session has 15 minutes
+# of device time in all, starts included: one part a session, part 1 first); each step's time
+# limit ends by 580 s, and a step that would start after 540 s, or whose tree was not made, is
+# skipped, with a line that says so; each step's header says when it started. The outputs:
 # the part's log, the tests' logs, and the JSON of the benchmarks in one archive (a call brings
 # back 8 files at most).
 #   1: versions; tests/test_gpu.py as main has it, first, as every GPU session runs it (a
@@ -21,17 +24,17 @@
 #   2: AFTER on the whole batch (8 micro-batches: what one GPU alone needs), AFTER at 4,096
 #      and at 16,384 rows a chunk (its own file edited in place, so its cache holds), the head
 #      alone by bench_kernels.py in both trees and in FAST (AFTER with head_fast_math.patch, in
-#      /tmp/fast: the head kernel's exp and reciprocal without the handling of denormal
+#      trees/fast: the head kernel's exp and reciprocal without the handling of denormal
 #      numbers), after FAST's bit-for-bit GPU test; the MLP kernel's sweep of launch settings
 #      (the same kernel in every tree), with settings that fit two programs on an SM.
-#   3: the map and the attention's one product (qkv.patch, applied to main in /tmp/qkv; it
+#   3: the map and the attention's one product (qkv.patch, applied to main in trees/qkv; it
 #      applies after head_chunks.patch too): first BEFORE's step under the profiler, the map
 #      (a compile of its own, as a profiled run compiles with Inductor's byte counts in its
 #      kernels); QKV's GPU tests (the compiled bf16 model against fp32, no recompiles) and its
 #      CPU test of the product's width; then one micro-batch a step, BEFORE then QKV from cold
 #      caches, then both again (the spread: BEFORE's two runs).
 #   4: the MLP kernel as one program an SM (mlp_persistent.patch, applied to main in
-#      /tmp/persist): its GPU tests (the real shapes against fp32, the kernels' tests on the GPU:
+#      trees/persist): its GPU tests (the real shapes against fp32, the kernels' tests on the GPU:
 #      opcheck, one compiled graph, the builds for every target); its outputs against main's
 #      kernel, bit for bit (mlp_same_bits.py); one micro-batch a step, BEFORE then PERSIST from
 #      cold caches, then BEFORE again (the spread); one MLP by bench_kernels.py, BEFORE, PERSIST,
@@ -42,139 +45,141 @@
 #      (part 1 leaves it out); then the sweep of PERSIST's MLP settings, flattened and not
 #      (about 150 s).
 #   6: the head kernel reading each logit once (head_one_pass.patch, after head_chunks.patch,
-#      in /tmp/onepass): its head tests on the GPU (tiny shapes, and the real ones against
+#      in trees/onepass): its head tests on the GPU (tiny shapes, and the real ones against
 #      fp32, and the zero head, whose loss and targets' entries a race would spoil), and that
 #      its steps never wait for the GPU (its scatter and gathers included); one
 #      micro-batch a step, AFTER then ONE_PASS from cold caches, then AFTER again (the
 #      spread); the head alone by bench_kernels.py, AFTER, ONE_PASS, AFTER.
-#   7: at the end, once what was kept has landed: benchmarks/compare.py, main against BEFORE.py
-#      (a file in the tree: main's train_gpt.py from before this work, e.g. `git show
-#      7887952:train_gpt.py >before_train_gpt.py`, untracked, which the device call carries),
-#      100 steps of one micro-batch, two runs each.
+#   7: at the end, once what was kept has landed: benchmarks/compare.py, main against
+#      trees/before (main's train_gpt.py of 7887952, the last before this work), 100 steps of
+#      one micro-batch, two runs each.
 set -uo pipefail
-part=${1:?usage: measure.sh 1|2|3|4|5|6|7 OUT [BEFORE.py]} out=${2:?no OUT}
-[[ $part =~ ^[1-7]$ ]] || { echo "PART is 1 to 7, not $part"; exit 1; }
-if [ "$part" = 7 ]; then
-    [ -f "${3:-}" ] || { echo "part 7 times main against BEFORE.py, main's train_gpt.py from before \
-this work: measure.sh 7 OUT BEFORE.py"; exit 1; }
-    before=$(realpath "$3")
-fi
+part=${1:?usage: measure.sh trees, here; then measure.sh 1|2|3|4|5|6|7 OUT on the GPU}
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out" && out=$(realpath "$out")
+trees=$here/trees  # main's files with the patches applied, one folder each; git ignores them
 cd "$here/../.."  # the repository root: BEFORE
+if [ "$part" = trees ]; then
+    rm -rf "$trees" && mkdir -p "$trees"
+    make_tree() {  # NAME PATCH...: trees/NAME, but a patch that `landed` names is on main
+        mkdir "$trees/$1"
+        git ls-files -z train_gpt.py README.md tests benchmarks data pytest.ini requirements.txt |
+            xargs -0 cp --parents -t "$trees/$1"
+        for name in "${@:2}"; do
+            if grep -qx "$name" "$here/landed" 2>/dev/null; then
+                echo "$1: $name is on main"
+            elif ! (cd "$trees/$1" && patch -s -f -p1 --no-backup-if-mismatch <"$here/$name")
+            then
+                echo "$1: none, as $name does not apply to main: make it again against main, or"
+                echo "    name it in $here/landed if main holds it"
+                rm -rf "${trees:?}/$1"
+                return
+            fi
+        done
+        echo "$1: made"
+    }
+    make_tree after head_chunks.patch
+    make_tree fast head_chunks.patch head_fast_math.patch
+    make_tree onepass head_chunks.patch head_one_pass.patch
+    make_tree qkv qkv.patch
+    make_tree persist mlp_persistent.patch
+    # part 7's BEFORE: main's train_gpt.py before this work
+    mkdir "$trees/before" && git show 7887952:train_gpt.py >"$trees/before/train_gpt.py"
+    du -sh "$trees"
+    exit
+fi
+out=${2:?no OUT}
+[[ $part =~ ^[1-7]$ ]] || { echo "PART is trees or 1 to 7, not $part"; exit 1; }
+[ -d "$trees" ] || { echo "no $trees: make it here (measure.sh trees) and name it in carry"
+                     exit 1; }
+mkdir -p "$out" && out=$(realpath "$out")
 exec > >(tee -a "$out/part$part.txt") 2>&1
 export PYTHONUNBUFFERED=1
 py=$(command -v python3 || command -v python)
-in_time() {  # NAME: whether a step may still start; its header line if so
+in_time() {  # NAME [TREE]: whether a step may still start, and TREE is there; its header if so
     (( SECONDS <= 540 )) || { echo "== $1 skipped: ${SECONDS}s gone"; return 1; }
+    [ -f "${2:-.}/train_gpt.py" ] || { echo "== $1 skipped: no tree $2"; return 1; }
     echo "== $1 (from ${SECONDS}s)"
 }
-limit() {  # SECONDS: that, or what is left before 585 s if less
-    echo $(( $1 < 585 - SECONDS ? $1 : 585 - SECONDS ))
+limit() {  # SECONDS: that, or what is left before 580 s if less
+    echo $(( $1 < 580 - SECONDS ? $1 : 580 - SECONDS ))
 }
 tests() {  # NAME LIMIT TREE ARGS...: pytest in TREE, its output in $out/NAME.txt, its end here
-    in_time "$1" || return
-    (cd "$3" && timeout -k 20 -s INT "$(limit "$2")" $py -m pytest -q -n 0 \
+    in_time "$1" "$3" || return
+    (cd "$3" && timeout -k 10 -s INT "$(limit "$2")" $py -m pytest -q -n 0 \
         -o faulthandler_timeout=150 "${@:4}" >"$out/$1.txt" 2>&1)
     tail -25 "$out/$1.txt"
 }
 mkdir -p /tmp/json
-apply_patch() {  # TREE PATCH [reverse]: PATCH applied in TREE, by patch(1) or else git apply;
-    # with "reverse", only whether it would come off: whether TREE holds it already
-    if command -v patch >/dev/null; then
-        (cd "$1" && patch -s -f -p1 ${3:+-R --dry-run} <"$2" >/dev/null)
-    else
-        (cd "$1" && git apply ${3:+-R --check} "$2")
-    fi
-}
-patched() {  # TREE PATCH...: a copy of main with the patches applied, unless a warm machine
-    [ -f "$1/train_gpt.py" ] && return  # kept it
-    mkdir -p "$1" && cp -r train_gpt.py README.md tests benchmarks data pytest.ini \
-        requirements.txt "$1/"
-    for name in "${@:2}"; do
-        if apply_patch "$1" "$here/$name" reverse 2>/dev/null; then
-            echo "$name: landed on main already"
-        elif ! apply_patch "$1" "$here/$name"; then
-            echo "$name neither applies to main nor comes off it: make it again against main"
-            rm -rf "$1"; exit 1
-        fi
-    done
-}
-patched /tmp/after head_chunks.patch
 synthetic=$(pwd)/data/synthetic
 [ -f "$synthetic/synthetic_train_000001.bin" ] ||
     $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
 data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/synthetic_val_*.bin")
 bench() {  # NAME TREE [ARGS...]: 20 timed steps of one micro-batch; each tree its own cache
-    in_time "bench_step $1" || return
+    in_time "bench_step $1" "$2" || return
     TORCHINDUCTOR_CACHE_DIR=/tmp/cache_$(basename "$2") timeout "$(limit 200)" \
         $py "$2/benchmarks/bench_step.py" "${data[@]}" --batch_size=65536 --steps=20 \
         --json="/tmp/json/bench_$1.json" "${@:3}" | tail -12
 }
 kernels() {  # NAME TREE LIMIT [ARGS...]: bench_kernels.py in TREE, its JSON as NAME
-    in_time "bench_kernels $1" || return
+    in_time "bench_kernels $1" "$2" || return
     timeout "$(limit "$3")" $py "$2/benchmarks/bench_kernels.py" --json="/tmp/json/$1.json" \
         "${@:4}"
 }
+after=$trees/after
 chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
-    sed -i -E "s/^HEAD_CHUNK_ROWS = [0-9]+/HEAD_CHUNK_ROWS = $1/" /tmp/after/train_gpt.py
-    grep -q "^HEAD_CHUNK_ROWS = $1 " /tmp/after/train_gpt.py ||
-        { echo "no HEAD_CHUNK_ROWS in AFTER"; exit 1; }
+    sed -i -E "s/^HEAD_CHUNK_ROWS = [0-9]+/HEAD_CHUNK_ROWS = $1/" "$after/train_gpt.py"
+    grep -q "^HEAD_CHUNK_ROWS = $1 " "$after/train_gpt.py"
 }
 
 if [ "$part" = 1 ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     tests test_gpu_main 270 . --durations=10 tests/test_gpu.py -k "not resume"
-    tests test_after_head 90 /tmp/after tests/test_kernels.py tests/test_copies.py \
+    tests test_after_head 90 "$after" tests/test_kernels.py tests/test_copies.py \
         tests/test_gpu.py -k "head or softcapped or chunk or evaluation or registered or zero \
         or trained or largest_cap or two_copies or soft_cap"
     rm -rf /tmp/cache_after "/tmp/cache_$(basename "$(pwd)")"
-    bench after_cold /tmp/after
+    bench after_cold "$after"
     bench before_cold "$(pwd)"
     bench before_warm "$(pwd)"  # the spread: BEFORE's two runs
 fi
 if [ "$part" = 2 ]; then
-    in_time "bench_step after_whole_batch" && TORCHINDUCTOR_CACHE_DIR=/tmp/cache_after \
-        timeout "$(limit 200)" $py /tmp/after/benchmarks/bench_step.py "${data[@]}" --steps=3 \
+    in_time "bench_step after_whole_batch" "$after" && TORCHINDUCTOR_CACHE_DIR=/tmp/cache_after \
+        timeout "$(limit 200)" $py "$after/benchmarks/bench_step.py" "${data[@]}" --steps=3 \
         --json=/tmp/json/bench_after_whole_batch.json | tail -12
     for rows in 4096 16384; do
-        chunk_rows $rows && bench "chunks_$rows" /tmp/after
+        chunk_rows $rows && bench "chunks_$rows" "$after"
     done
     chunk_rows 8192
-    patched /tmp/fast head_chunks.patch head_fast_math.patch
-    tests test_fast 60 /tmp/fast tests/test_gpu.py -k fast_exp
+    tests test_fast 60 "$trees/fast" tests/test_gpu.py -k fast_exp
     for name in before after fast; do
-        kernels "bench_kernels_$name" "$([ $name = before ] && pwd || echo /tmp/$name)" 120
+        kernels "bench_kernels_$name" "$([ $name = before ] && pwd || echo "$trees/$name")" 120
     done
     kernels bench_kernels_mlp_sweep "$(pwd)" 150 --sweep --part=mlp
 fi
 if [ "$part" = 3 ]; then
-    patched /tmp/qkv qkv.patch
     rm -rf /tmp/cache_qkv "/tmp/cache_$(basename "$(pwd)")"
     # the map, first: 3 steps, whose trace (about 2 MB a step) comes back in the archive
     bench before_profiled "$(pwd)" --profile=3
-    tests test_qkv 180 /tmp/qkv tests/test_gpu.py tests/test_model.py -k \
+    tests test_qkv 180 "$trees/qkv" tests/test_gpu.py tests/test_model.py -k \
         "compiled_bf16_model_matches_fp32_eager or no_recompile or one_product"
     bench before_cold "$(pwd)"
-    bench qkv_cold /tmp/qkv
+    bench qkv_cold "$trees/qkv"
     bench before_warm "$(pwd)"
-    bench qkv_warm /tmp/qkv
-fi
-if [[ $part =~ ^[45]$ ]]; then
-    patched /tmp/persist mlp_persistent.patch
+    bench qkv_warm "$trees/qkv"
 fi
 if [ "$part" = 4 ]; then
     rm -rf /tmp/cache_persist "/tmp/cache_$(basename "$(pwd)")"
-    tests test_persist 130 /tmp/persist tests/test_gpu.py tests/test_kernels.py -k \
+    tests test_persist 130 "$trees/persist" tests/test_gpu.py tests/test_kernels.py -k \
         "relu or mlp or every_gpu or an_h100_launches or registered or one_graph"
-    in_time "same bits" &&
-        timeout "$(limit 60)" $py "$here/mlp_same_bits.py" . /tmp/persist
+    in_time "same bits" "$trees/persist" &&
+        timeout "$(limit 60)" $py "$here/mlp_same_bits.py" . "$trees/persist"
     bench before_cold "$(pwd)"
-    bench persist_cold /tmp/persist
+    bench persist_cold "$trees/persist"
     bench before_warm "$(pwd)"
     for name in before persist before_again; do
-        kernels "mlp_$name" "$([ $name = persist ] && echo /tmp/persist || pwd)" 60 --part=mlp
+        kernels "mlp_$name" "$([ $name = persist ] && echo "$trees/persist" || pwd)" 60 \
+            --part=mlp
     done
 fi
 if [ "$part" = 5 ]; then
@@ -182,8 +187,8 @@ if [ "$part" = 5 ]; then
     # one run each, the MLPs first: ncu prints nothing of a run cut short
     for run in "main mlp" "persist mlp" "main head"; do
         set -- $run
-        tree=$([ "$1" = main ] && pwd || echo /tmp/persist)
-        in_time "ncu $run" && timeout "$(limit 120)" "${ncu:-ncu}" \
+        tree=$([ "$1" = main ] && pwd || echo "$trees/persist")
+        in_time "ncu $run" "$tree" && timeout "$(limit 120)" "${ncu:-ncu}" \
             --profile-from-start off --clock-control none --section SpeedOfLight \
             --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
             --section WarpStateStats --section LaunchStats --section Occupancy \
@@ -193,26 +198,26 @@ if [ "$part" = 5 ]; then
     done
     tests test_gpu_resume 250 . -o faulthandler_timeout=280 --durations=3 tests/test_gpu.py \
         -k resume
-    kernels mlp_persist_sweep /tmp/persist 300 --sweep --part=mlp
+    kernels mlp_persist_sweep "$trees/persist" 300 --sweep --part=mlp
 fi
 if [ "$part" = 6 ]; then
-    patched /tmp/onepass head_chunks.patch head_one_pass.patch
     rm -rf /tmp/cache_after /tmp/cache_onepass
-    tests test_onepass 150 /tmp/onepass tests/test_kernels.py tests/test_copies.py \
+    tests test_onepass 150 "$trees/onepass" tests/test_kernels.py tests/test_copies.py \
         tests/test_gpu.py -k "head or softcapped or chunk or evaluation or zero or trained \
         or largest_cap or two_copies or soft_cap or never_wait"
-    bench after_cold /tmp/after
-    bench onepass_cold /tmp/onepass
-    bench after_warm /tmp/after
+    bench after_cold "$after"
+    bench onepass_cold "$trees/onepass"
+    bench after_warm "$after"
     for name in after onepass after_again; do
-        kernels "head_$name" "/tmp/$([ $name = onepass ] && echo onepass || echo after)" 90 \
+        kernels "head_$name" "$trees/$([ $name = onepass ] && echo onepass || echo after)" 90 \
             --part=head
     done
 fi
 if [ "$part" = 7 ]; then
     rm -rf /tmp/compare
     # 10 validation micro-batches, not 160: the final validation is no part of a step's time
-    in_time compare && timeout "$(limit 585)" $py benchmarks/compare.py "$before" train_gpt.py \
+    in_time compare "$trees/before" && timeout "$(limit 580)" $py benchmarks/compare.py \
+        "$trees/before/train_gpt.py" train_gpt.py \
         --runs=2 --out=/tmp/compare -- "${data[@]}" --batch_size=65536 --num_iterations=100 \
         --val_every=0 --val_tokens=655360 >"$out/compare.txt" 2>&1
     tail -15 "$out/compare.txt"
