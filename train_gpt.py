@@ -655,9 +655,8 @@ def main(argv=None):
         return train(args, rank, world_size, device)
     finally:
         if dist.is_initialized():
-            # A gloo thread frees a finished collective's tensors under the GIL, and the group's
-            # destructor (run when the model goes) joins that thread while holding the GIL: it
-            # would wait for good on a thread still waiting to free. The pause lets them finish.
+            # The group's destructor joins a gloo thread while holding the GIL, and that thread may
+            # still wait for the GIL to free a collective's tensors: the pause lets it finish first.
             time.sleep(0.1)
             dist.destroy_process_group()
 
