@@ -5,7 +5,8 @@
 # makes trees/NAME in this folder (git ignores it): main's files with this folder's patches
 # applied by patch(1), a tree a variant, as the GPU's machine may have neither git nor patch;
 # a patch that the file `landed` here names is on main and skipped, and a variant whose patch
-# does not apply is not made (the script says which). Then on the GPU, carrying that folder:
+# does not apply exactly (no fuzz) is not made (the script says which). Then on the GPU,
+# carrying that folder (a part stops at once if main's train_gpt.py is not the trees' main):
 #     bash records/2026-11-26_h100_head_chunks/measure.sh PART OUT
 # BEFORE is main as it is; AFTER is main with head_chunks.patch, in trees/after (README.md).
 # Each part is one device call of at most 600 s on a fresh machine (a session has 15 minutes
@@ -21,12 +22,13 @@
 #      real ones in tests/test_gpu.py); one micro-batch a step by bench_step.py, AFTER then
 #      BEFORE, each from a cold compile cache (each tree's ops are named from its path: no
 #      graph is shared), then BEFORE again (the spread), if time is left.
-#   2: AFTER on the whole batch (8 micro-batches: what one GPU alone needs), AFTER at 4,096
-#      and at 16,384 rows a chunk (its own file edited in place, so its cache holds), the head
-#      alone by bench_kernels.py in both trees and in FAST (AFTER with head_fast_math.patch, in
-#      trees/fast: the head kernel's exp and reciprocal without the handling of denormal
-#      numbers), after FAST's bit-for-bit GPU test; the MLP kernel's sweep of launch settings
-#      (the same kernel in every tree), with settings that fit two programs on an SM.
+#   2: AFTER on the whole batch (8 micro-batches: what one GPU alone needs), AFTER at 8,192
+#      (the file's), 4,096 and 16,384 rows a chunk (its own file edited in place, so its cache
+#      holds), the head alone by bench_kernels.py in AFTER and in FAST (AFTER with
+#      head_fast_math.patch, in trees/fast: the head kernel's exp and reciprocal without the
+#      handling of denormal numbers), after FAST's bit-for-bit GPU test; the MLP kernel's sweep
+#      of launch settings (the same kernel in every tree), with settings that fit two programs
+#      on an SM.
 #   3: the map and the attention's one product (qkv.patch, applied to main in trees/qkv; it
 #      applies after head_chunks.patch too): first BEFORE's step under the profiler, the map
 #      (a compile of its own, as a profiled run compiles with Inductor's byte counts in its
@@ -67,8 +69,8 @@ if [ "$part" = trees ]; then
         for name in "${@:2}"; do
             if grep -qx "$name" "$here/landed" 2>/dev/null; then
                 echo "$1: $name is on main"
-            elif ! (cd "$trees/$1" && patch -s -f -p1 --no-backup-if-mismatch <"$here/$name")
-            then
+            elif ! (cd "$trees/$1" &&
+                    patch -s -f -p1 --fuzz=0 --no-backup-if-mismatch <"$here/$name"); then
                 echo "$1: none, as $name does not apply to main: make it again against main, or"
                 echo "    name it in $here/landed if main holds it"
                 rm -rf "${trees:?}/$1"
@@ -84,6 +86,7 @@ if [ "$part" = trees ]; then
     make_tree persist mlp_persistent.patch
     # part 7's BEFORE: main's train_gpt.py before this work
     mkdir "$trees/before" && git show 7887952:train_gpt.py >"$trees/before/train_gpt.py"
+    cp train_gpt.py "$trees/main_train_gpt.py"  # the main they were made from
     du -sh "$trees"
     exit
 fi
@@ -91,6 +94,8 @@ out=${2:?no OUT}
 [[ $part =~ ^[1-7]$ ]] || { echo "PART is trees or 1 to 7, not $part"; exit 1; }
 [ -d "$trees" ] || { echo "no $trees: make it here (measure.sh trees) and name it in carry"
                      exit 1; }
+cmp -s "$trees/main_train_gpt.py" train_gpt.py ||
+    { echo "the trees were made from another main's train_gpt.py: make them again"; exit 1; }
 mkdir -p "$out" && out=$(realpath "$out")
 exec > >(tee -a "$out/part$part.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -110,8 +115,8 @@ tests() {  # NAME LIMIT TREE ARGS...: pytest in TREE, its output in $out/NAME.tx
     tail -25 "$out/$1.txt"
 }
 mkdir -p /tmp/json
-synthetic=$(pwd)/data/synthetic
-[ -f "$synthetic/synthetic_train_000001.bin" ] ||
+synthetic=$(pwd)/data/synthetic  # for bench_step and compare.py: not in part 5
+[ -f "$synthetic/synthetic_train_000001.bin" ] || [ "$part" = 5 ] ||
     $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
 data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/synthetic_val_*.bin")
 bench() {  # NAME TREE [ARGS...]: 20 timed steps of one micro-batch; each tree its own cache
@@ -147,13 +152,13 @@ if [ "$part" = 2 ]; then
     in_time "bench_step after_whole_batch" "$after" && TORCHINDUCTOR_CACHE_DIR=/tmp/cache_after \
         timeout "$(limit 200)" $py "$after/benchmarks/bench_step.py" "${data[@]}" --steps=3 \
         --json=/tmp/json/bench_after_whole_batch.json | tail -12
-    for rows in 4096 16384; do
+    for rows in 8192 4096 16384; do  # 8192, the file's, on this machine too
         chunk_rows $rows && bench "chunks_$rows" "$after"
     done
     chunk_rows 8192
     tests test_fast 60 "$trees/fast" tests/test_gpu.py -k fast_exp
-    for name in before after fast; do
-        kernels "bench_kernels_$name" "$([ $name = before ] && pwd || echo "$trees/$name")" 120
+    for name in after fast; do  # main's head alone: 30.33 ms on 2026-11-24
+        kernels "bench_kernels_$name" "$trees/$name" 120
     done
     kernels bench_kernels_mlp_sweep "$(pwd)" 150 --sweep --part=mlp
 fi
@@ -161,6 +166,7 @@ if [ "$part" = 3 ]; then
     rm -rf /tmp/cache_qkv "/tmp/cache_$(basename "$(pwd)")"
     # the map, first: 3 steps, whose trace (about 2 MB a step) comes back in the archive
     bench before_profiled "$(pwd)" --profile=3
+    rm -rf "/tmp/cache_$(basename "$(pwd)")"  # BEFORE's next run is cold again
     tests test_qkv 180 "$trees/qkv" tests/test_gpu.py tests/test_model.py -k \
         "compiled_bf16_model_matches_fp32_eager or no_recompile or one_product"
     bench before_cold "$(pwd)"
