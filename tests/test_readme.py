@@ -1,6 +1,6 @@
 """The README's map of the recipe: each part it links is on the linked line of train_gpt.py, in
 the recipe's sections (before the GPU kernels), where a reader of the recipe finds it; and the
-training loop, which the file reads up to, within a reader's first sitting."""
+training loop, which the recipe leads up to: short, and before line 700."""
 import re
 from pathlib import Path
 
