@@ -27,7 +27,7 @@ def parts(script, generator):
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, device=DEVICE, generator=generator) * scale).bfloat16()
 
-    x = randn(TOKENS, DIM).requires_grad_()
+    x = randn(TOKENS, DIM)
     w_fc, w_proj = randn(HIDDEN, DIM, scale=DIM ** -0.5), randn(DIM, HIDDEN, scale=HIDDEN ** -0.5)
     head = randn(VOCAB, DIM, scale=0.07)  # logits spread as a trained head's are
     targets = torch.randint(0, 50257, (TOKENS,), device=DEVICE, generator=generator)
