@@ -23,7 +23,8 @@ The loop's log lines and loss reduction are not part of the timed step.
 
 With --profile N, N more steps run under torch.profiler: their Chrome trace (gzipped), the kernels
 that took the most GPU time, the GPU's idle gaps (time with no kernel, copy or memset running)
-and the map of forward+backward (step_map.py: each family of kernels against its floor) go
+and the map of forward+backward (step_map.py: each family of kernels against its floor, the
+memory-bound ones at the rate of a copy within this device's memory, measured first) go
 beside the JSON, as <json stem>_trace.json.gz and <json stem>_profile.txt; the map also goes
 into the JSON. Such a run compiles with Inductor's byte counts in its kernels, which the map
 reads: a compile of its own (its own cache entries), so compare its timings with a profiled
@@ -165,9 +166,25 @@ def timeline_report(timeline, steps):
     return lines
 
 
-def profile_steps(run_step, steps, stem, cuda, work):
+def copy_rate(device, timer, nbytes=2**28, repeats=10):
+    """Bytes read and written per second by a copy within `device`'s memory: the map's floor
+    for memory-bound work, measured on the card in hand (its cache holds a fraction of nbytes)."""
+    source = torch.randint(256, (nbytes,), dtype=torch.uint8, device=device)  # no zeros to pack
+    target = torch.empty_like(source)
+    target.copy_(source)  # the first copy pays for its launch's setup
+    start = timer.mark()
+    for _ in range(repeats):
+        target.copy_(source)
+    end = timer.mark()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 2 * nbytes * repeats / (timer.ms(start, end) / 1e3)
+
+
+def profile_steps(run_step, steps, stem, cuda, work, bandwidth):
     """Run `steps` under torch.profiler; write the trace and a summary next to `stem`.
-    `work(batches)` is the ProfiledWork of the steps' (inputs, window blocks), for the map."""
+    `work(batches)` is the ProfiledWork of the steps' (inputs, window blocks), for the map, whose
+    memory-bound floors are at `bandwidth` bytes per second."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
     with profile(activities=activities, record_shapes=True) as prof:  # shapes: for the map
@@ -177,10 +194,10 @@ def profile_steps(run_step, steps, stem, cuda, work):
     prof.export_chrome_trace(f"{stem}_trace.json.gz")  # the .gz name makes it compress
     with gzip.open(f"{stem}_trace.json.gz") as trace:
         trace = json.load(trace)
-    timeline, (table, rate) = gpu_timeline(trace), step_map(trace, work(batches))
+    timeline, (table, rate) = gpu_timeline(trace), step_map(trace, work(batches), bandwidth)
     lines = timeline_report(timeline, len(steps)) + [
         "", "The map of forward+backward: GPU time by family, against its floor"] + map_report(
-        table, rate) + [
+        table, rate, bandwidth) + [
         "", "CPU and GPU time per operator",
         prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else
                                   "self_cpu_time_total", row_limit=40)]
@@ -296,11 +313,11 @@ def measure(own, script, args):
         hyperparameters=dataclasses.asdict(args))
     if own.profile:
         stem = str(Path(own.json).with_suffix("")) + (f"_rank{rank}" if rank else "")
-        after = first + own.steps
+        after, bandwidth = first + own.steps, copy_rate(device, timer)
         timeline, table, rate = profile_steps(
             run_step, range(after, after + own.profile), stem, device.type == "cuda",
-            lambda batches: profiled_work(model, args, batches, seq_len))
-        results.update(profiled_steps=own.profile,
+            lambda batches: profiled_work(model, args, batches, seq_len), bandwidth)
+        results.update(profiled_steps=own.profile, map_copy_tb_per_s=bandwidth / 1e12,
                        profile_gpu_idle_ms_per_step=timeline["idle_us"] / 1e3 / own.profile,
                        map_products_tflops=rate, map=table)
     if rank == 0:

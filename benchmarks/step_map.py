@@ -83,9 +83,10 @@ def kernel_family(event, op, work):
     return "other", None, None
 
 
-def step_map(trace, work, bandwidth=3e12):
+def step_map(trace, work, bandwidth):
     """The map's rows, per micro-batch: family, launches, ms, TFLOP, GB, floor ms, gap ms (the
     floor and gap None where unknown), the slowest family first; and the products' rate, TFLOP/s.
+    `bandwidth` is the memory-bound floors' rate, in bytes per second.
 
     Whole-family quantities (an attention family's FLOPs, the head's bytes) are counted once,
     however many kernels share them; a product's FLOPs once per operator."""
@@ -135,11 +136,11 @@ def step_map(trace, work, bandwidth=3e12):
     return table, None if rate is None else rate / 1e12
 
 
-def map_report(table, rate, bandwidth=3e12):
+def map_report(table, rate, bandwidth):
     """The map as the lines of a Markdown table."""
     show = lambda x, f: "" if x is None else format(x, f)  # noqa: E731
     lines = [f"Per micro-batch. Floors: products and attention at {show(rate, '.0f') or '?'} "
-             f"TFLOP/s (the fastest products here), the rest at {bandwidth / 1e12:g} TB/s.", "",
+             f"TFLOP/s (the fastest products here), the rest at {bandwidth / 1e12:.2f} TB/s.", "",
              "| family | launches | ms | TFLOP | GB | floor ms | gap ms |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['family']} | {r['launches']:g} | {r['ms']:.2f} | {show(r['tflop'], '.2f')} "

@@ -16,8 +16,8 @@ import train_gpt
 from train_gpt import GPT, DistributedDataLoader, dense_attention_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from bench_step import (attention_pairs, gpu_timeline, main, matrix_parameters,  # noqa: E402
-                        throughput)
+from bench_step import (attention_pairs, copy_rate, gpu_timeline, main,  # noqa: E402
+                        matrix_parameters, throughput)
 from training_script import TRAIN_GPT, load_script  # noqa: E402
 
 
@@ -45,6 +45,26 @@ def test_throughput_of_a_step_worked_by_hand():
     assert mfu == pytest.approx(0.5, rel=1e-9)
 
 
+class HalfSecondTimer:
+    """Marks half a second apart, however long the work between them took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def mark(self):
+        self.now += 0.5
+        return self.now
+
+    def ms(self, start, end):
+        return 1e3 * (end - start)
+
+
+def test_the_copy_rate_counts_the_bytes_read_and_written():
+    # 4 copies of 1 MiB between two marks: 4 MiB read and 4 MiB written in half a second
+    rate = copy_rate(torch.device("cpu"), HalfSecondTimer(), nbytes=2**20, repeats=4)
+    assert rate == 2 * 4 * 2**20 / 0.5
+
+
 def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     out = tmp_path / "bench.json"
     results = main(["--steps=2", "--warmup=1", "--at_step=2", "--profile=1", f"--json={out}"]
@@ -59,6 +79,9 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     profile = (tmp_path / "bench_profile.txt").read_text()
     assert profile.startswith("1 step(s): GPU busy 0.00 ms")
     assert "The map of forward+backward" in profile and results["map"] == []
+    # its memory-bound floors at this machine's copy rate: a CPU's, between 1 GB/s and 1 TB/s
+    assert 1e-3 < results["map_copy_tb_per_s"] < 1
+    assert f"the rest at {results['map_copy_tb_per_s']:.2f} TB/s." in profile
     assert results["device"] == "cpu" and results["micro_batches_per_step"] == 2
     assert results["tokens_per_step_per_rank"] == 512 and results["peak_tflops"] == 989
     assert results["window_blocks"] == [7, 11]  # steps 2 and 3 of 4: ((1 - x) 128 + x 1856) // 128

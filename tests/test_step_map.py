@@ -79,7 +79,7 @@ def test_a_step_worked_by_hand():
                       ts=muon["ts"], dur=60))  # its kernel is the optimizer's: not on the map
     work = ProfiledWork(model_dim=768, hidden=3072, vocab_size=vocab, tokens=2 * 65536,
                         attention_pairs=10**9, micro_batches=2)
-    table, rate = step_map(dict(traceEvents=trace), work)
+    table, rate = step_map(dict(traceEvents=trace), work, 2.5e12)  # bytes per second
     rate_per_us = 3 * HEAD / 19000  # the head's products are the fastest
     assert rate == pytest.approx(rate_per_us * 1e6 / 1e12)
     rows = {row["family"]: row for row in table}
@@ -107,16 +107,16 @@ def test_a_step_worked_by_hand():
     expect("FlexAttention backward", 1, 1.0, 10 * 768 * 1e9 / 1e12, None,
            10 * 768 * 1e9 / rate_per_us / 1e3)
     logits = 4 * 2 * 65536 * vocab  # read once and written once, in bf16
-    expect("head's loss kernel", 1, 4.5, None, logits / 1e9, logits / 3e12 * 1e3)
-    expect("compiled elementwise, norms, reductions", 2, 0.6, None, 1.2, 1.2e9 / 3e12 * 1e3)
+    expect("head's loss kernel", 1, 4.5, None, logits / 1e9, logits / 2.5e12 * 1e3)
+    expect("compiled elementwise, norms, reductions", 2, 0.6, None, 1.2, 1.2e9 / 2.5e12 * 1e3)
     # a copy within the GPU reads and writes its bytes; one from the host, a memset, write them
-    expect("copies and memsets", 3, 0.004, None, 9e-3, 9e6 / 3e12 * 1e3)
+    expect("copies and memsets", 3, 0.004, None, 9e-3, 9e6 / 2.5e12 * 1e3)
     expect("other", 1, 0.01, None, None, None)
     assert rows == {}
     assert [row["ms"] for row in table] == sorted((row["ms"] for row in table), reverse=True)
-    lines = map_report(table, rate)
-    assert lines[0].startswith(f"Per micro-batch. Floors: products and attention at "
-                               f"{rate:.0f} TFLOP/s")
+    lines = map_report(table, rate, 2.5e12)
+    assert lines[0] == (f"Per micro-batch. Floors: products and attention at {rate:.0f} "
+                        "TFLOP/s (the fastest products here), the rest at 2.50 TB/s.")
     assert lines[4] == f"| products: head | 1.5 | 9.50 | {3 * HEAD / 2e12:.2f} |  | 9.50 | 0.00 |"
     assert lines[-1] == f"| all | 10 | {27.569 / 2:.2f} | | | | |"
 
@@ -126,7 +126,7 @@ def test_a_compiled_kernel_without_its_bytes_has_no_floor():
                                                                  kernel_num_gb=0.1)),
                    (kernel("triton_poi_fused_add_1", 100), op("triton_poi_fused_add_1")))
     work = ProfiledWork(768, 3072, 50304, 65536, 0, 1)
-    [row], rate = step_map(dict(traceEvents=trace), work)
+    [row], rate = step_map(dict(traceEvents=trace), work, 3e12)
     assert rate is None and row["ms"] == 0.2 and row["floor_ms"] is None and row["gb"] is None
 
 
@@ -146,7 +146,8 @@ def test_the_map_of_a_real_h100_step_keeps_the_families_of_its_record():
                                                families)}
     per_kernel = {m[2]: float(m[1]) for m in map(re.compile(r" +([\d.]+) +[\d.]+  (.+)").fullmatch,
                                                   kernels)}
-    table, rate = step_map(trace, ProfiledWork(768, 3072, 50304, steps * 65536, 10**9, steps))
+    table, rate = step_map(trace, ProfiledWork(768, 3072, 50304, steps * 65536, 10**9, steps),
+                           3e12)
     rows = {row["family"]: row for row in table}
     # cuBLAS's memsets before a split-K product: the record's copies, the map's products
     products = {e["args"]["External id"] for e in trace["traceEvents"]
