@@ -14,8 +14,9 @@
 # limit ends by 580 s, and a step that would start after 540 s, or whose tree was not made, is
 # skipped, with a line that says so; each step's header says when it started. The outputs:
 # the part's log, the tests' logs, and the JSON of the benchmarks in one archive (a call brings
-# back 8 files at most).
-#   1: versions; tests/test_gpu.py as main has it, first, as every GPU session runs it (a
+# back 8 files at most). Each part first names the card and the versions: the lent card may be
+# an H100 or an H200 (README.md, "On an H200"), and a part's figures compare within the part.
+#   1: tests/test_gpu.py as main has it, first, as every GPU session runs it (a
 #      traceback of every thread for a test past 150 s), all but its resume test (165 s alone
 #      on 2026-11-24: with it, the file takes about 400 s), which part 5 runs; AFTER's head
 #      tests on the GPU (tiny shapes in tests/test_kernels.py and tests/test_copies.py, the
@@ -100,6 +101,8 @@ mkdir -p "$out" && out=$(realpath "$out")
 exec > >(tee -a "$out/part$part.txt") 2>&1
 export PYTHONUNBUFFERED=1
 py=$(command -v python3 || command -v python)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+$py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 in_time() {  # NAME [TREE]: whether a step may still start, and TREE is there; its header if so
     (( SECONDS <= 540 )) || { echo "== $1 skipped: ${SECONDS}s gone"; return 1; }
     [ -f "${2:-.}/train_gpt.py" ] || { echo "== $1 skipped: no tree $2"; return 1; }
@@ -137,8 +140,6 @@ chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
 }
 
 if [ "$part" = 1 ]; then
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     tests test_gpu_main 270 . --durations=10 tests/test_gpu.py -k "not resume"
     tests test_after_head 90 "$after" tests/test_kernels.py tests/test_copies.py \
         tests/test_gpu.py -k "head or softcapped or chunk or evaluation or registered or zero \
