@@ -169,7 +169,7 @@ def timeline_report(timeline, steps):
 def copy_rate(device, timer, nbytes=2**28, repeats=10):
     """Bytes read and written per second by a copy within `device`'s memory: the map's floor
     for memory-bound work, measured on the card in hand (its cache holds a fraction of nbytes)."""
-    source = torch.randint(256, (nbytes,), dtype=torch.uint8, device=device)  # no zeros to pack
+    source = torch.randint(256, (nbytes,), dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     target.copy_(source)  # the first copy pays for its launch's setup
     start = timer.mark()

@@ -140,7 +140,7 @@ def map_report(table, rate, bandwidth):
     """The map as the lines of a Markdown table."""
     show = lambda x, f: "" if x is None else format(x, f)  # noqa: E731
     lines = [f"Per micro-batch. Floors: products and attention at {show(rate, '.0f') or '?'} "
-             f"TFLOP/s (the fastest products here), the rest at {bandwidth / 1e12:.2f} TB/s.", "",
+             f"TFLOP/s (the fastest products here), the rest at {bandwidth / 1e12:.3g} TB/s.", "",
              "| family | launches | ms | TFLOP | GB | floor ms | gap ms |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['family']} | {r['launches']:g} | {r['ms']:.2f} | {show(r['tflop'], '.2f')} "

@@ -16,8 +16,10 @@ import train_gpt
 from train_gpt import GPT, DistributedDataLoader, dense_attention_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_step  # noqa: E402
 from bench_step import (attention_pairs, copy_rate, gpu_timeline, main,  # noqa: E402
                         matrix_parameters, throughput)
+from step_map import step_map  # noqa: E402
 from training_script import TRAIN_GPT, load_script  # noqa: E402
 
 
@@ -65,7 +67,10 @@ def test_the_copy_rate_counts_the_bytes_read_and_written():
     assert rate == 2 * 4 * 2**20 / 0.5
 
 
-def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
+def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path, monkeypatch):
+    rates = []  # the map's memory-bound rate, as profile_steps hands it on
+    monkeypatch.setattr(bench_step, "step_map", lambda trace, work, bandwidth: (
+        rates.append(bandwidth) or step_map(trace, work, bandwidth)))
     out = tmp_path / "bench.json"
     results = main(["--steps=2", "--warmup=1", "--at_step=2", "--profile=1", f"--json={out}"]
                    + TINY)
@@ -81,7 +86,8 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path):
     assert "The map of forward+backward" in profile and results["map"] == []
     # its memory-bound floors at this machine's copy rate: a CPU's, between 1 GB/s and 1 TB/s
     assert 1e-3 < results["map_copy_tb_per_s"] < 1
-    assert f"the rest at {results['map_copy_tb_per_s']:.2f} TB/s." in profile
+    assert rates == [pytest.approx(results["map_copy_tb_per_s"] * 1e12)]
+    assert f"the rest at {results['map_copy_tb_per_s']:.3g} TB/s." in profile
     assert results["device"] == "cpu" and results["micro_batches_per_step"] == 2
     assert results["tokens_per_step_per_rank"] == 512 and results["peak_tflops"] == 989
     assert results["window_blocks"] == [7, 11]  # steps 2 and 3 of 4: ((1 - x) 128 + x 1856) // 128

@@ -116,7 +116,7 @@ def test_a_step_worked_by_hand():
     assert [row["ms"] for row in table] == sorted((row["ms"] for row in table), reverse=True)
     lines = map_report(table, rate, 2.5e12)
     assert lines[0] == (f"Per micro-batch. Floors: products and attention at {rate:.0f} "
-                        "TFLOP/s (the fastest products here), the rest at 2.50 TB/s.")
+                        "TFLOP/s (the fastest products here), the rest at 2.5 TB/s.")
     assert lines[4] == f"| products: head | 1.5 | 9.50 | {3 * HEAD / 2e12:.2f} |  | 9.50 | 0.00 |"
     assert lines[-1] == f"| all | 10 | {27.569 / 2:.2f} | | | | |"
 
