@@ -6,7 +6,7 @@
 # applied by patch(1), a tree a variant, as the GPU's machine may have neither git nor patch;
 # a patch that the file `landed` here names is on main and skipped, and a variant whose patch
 # does not apply exactly (no fuzz) is not made (the script says which). Then on the GPU,
-# carrying that folder (a part stops at once if main's train_gpt.py is not the trees' main):
+# carrying that folder (a part stops at once if main's files are not the trees' main's):
 #     bash records/2026-11-26_h100_head_chunks/measure.sh PART OUT
 # BEFORE is main as it is; AFTER is main with head_chunks.patch, in trees/after (README.md).
 # Each part is one device call of at most 600 s on a fresh machine (a session has 15 minutes
@@ -63,10 +63,11 @@ trees=$here/trees  # main's files with the patches applied, one folder each; git
 cd "$here/../.."  # the repository root: BEFORE
 if [ "$part" = trees ]; then
     rm -rf "$trees" && mkdir -p "$trees"
+    files() { git ls-files -z train_gpt.py README.md tests benchmarks data pytest.ini \
+                  requirements.txt; }  # main's, which each tree copies
     make_tree() {  # NAME PATCH...: trees/NAME, but a patch that `landed` names is on main
         mkdir "$trees/$1"
-        git ls-files -z train_gpt.py README.md tests benchmarks data pytest.ini requirements.txt |
-            xargs -0 cp --parents -t "$trees/$1"
+        files | xargs -0 cp --parents -t "$trees/$1"
         for name in "${@:2}"; do
             if grep -qx "$name" "$here/landed" 2>/dev/null; then
                 echo "$1: $name is on main"
@@ -87,7 +88,7 @@ if [ "$part" = trees ]; then
     make_tree persist mlp_persistent.patch
     # part 7's BEFORE: main's train_gpt.py before this work
     mkdir "$trees/before" && git show 7887952:train_gpt.py >"$trees/before/train_gpt.py"
-    cp train_gpt.py "$trees/main_train_gpt.py"  # the main they were made from
+    files | xargs -0 sha256sum >"$trees/main.sha256"  # the main they were made from
     du -sh "$trees"
     exit
 fi
@@ -95,8 +96,9 @@ out=${2:?no OUT}
 [[ $part =~ ^[1-7]$ ]] || { echo "PART is trees or 1 to 7, not $part"; exit 1; }
 [ -d "$trees" ] || { echo "no $trees: make it here (measure.sh trees) and name it in carry"
                      exit 1; }
-cmp -s "$trees/main_train_gpt.py" train_gpt.py ||
-    { echo "the trees were made from another main's train_gpt.py: make them again"; exit 1; }
+sha256sum --quiet -c "$trees/main.sha256" ||
+    { echo "the trees were made from another main (the files above differ): make them again"
+      exit 1; }
 mkdir -p "$out" && out=$(realpath "$out")
 exec > >(tee -a "$out/part$part.txt") 2>&1
 export PYTHONUNBUFFERED=1
