@@ -138,7 +138,8 @@ kernels() {  # NAME TREE LIMIT [ARGS...]: bench_kernels.py in TREE, its JSON as 
 after=$trees/after
 chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
     sed -i -E "s/^HEAD_CHUNK_ROWS = [0-9]+/HEAD_CHUNK_ROWS = $1/" "$after/train_gpt.py"
-    grep -q "^HEAD_CHUNK_ROWS = $1 " "$after/train_gpt.py"
+    grep -q "^HEAD_CHUNK_ROWS = $1 " "$after/train_gpt.py" ||
+        { echo "== chunks_$1 skipped: AFTER sets no HEAD_CHUNK_ROWS"; return 1; }
 }
 
 if [ "$part" = 1 ]; then
