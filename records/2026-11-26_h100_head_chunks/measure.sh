@@ -124,7 +124,8 @@ synthetic=$(pwd)/data/synthetic  # for bench_step and compare.py: not in part 5
 [ -f "$synthetic/synthetic_train_000001.bin" ] || [ "$part" = 5 ] ||
     $py data/synthetic_fineweb.py 1 --val-tokens 11000000 2>&1 | tail -1
 data=(--train_files="$synthetic/synthetic_train_*.bin" --val_files="$synthetic/synthetic_val_*.bin")
-bench() {  # NAME TREE [ARGS...]: 20 timed steps of one micro-batch; each tree its own cache
+bench() {  # NAME TREE [ARGS...]: 20 timed steps of one micro-batch, unless ARGS say otherwise
+    # (a later --name=value wins); each tree its own cache
     in_time "bench_step $1" "$2" || return
     TORCHINDUCTOR_CACHE_DIR=/tmp/cache_$(basename "$2") timeout "$(limit 200)" \
         $py "$2/benchmarks/bench_step.py" "${data[@]}" --batch_size=65536 --steps=20 \
@@ -136,6 +137,11 @@ kernels() {  # NAME TREE LIMIT [ARGS...]: bench_kernels.py in TREE, its JSON as 
         "${@:4}"
 }
 after=$trees/after
+head_tests() {  # NAME LIMIT TREE EXTRA: the head's tests in TREE, tiny shapes and real, and EXTRA
+    tests "$1" "$2" "$3" tests/test_kernels.py tests/test_copies.py tests/test_gpu.py -k \
+        "head or softcapped or chunk or evaluation or zero or trained or largest_cap or two_copies \
+        or soft_cap or $4"
+}
 chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
     sed -i -E "s/^HEAD_CHUNK_ROWS = [0-9]+/HEAD_CHUNK_ROWS = $1/" "$after/train_gpt.py"
     grep -q "^HEAD_CHUNK_ROWS = $1 " "$after/train_gpt.py" ||
@@ -144,18 +150,14 @@ chunk_rows() {  # ROWS: AFTER's HEAD_CHUNK_ROWS
 
 if [ "$part" = 1 ]; then
     tests test_gpu_main 270 . --durations=10 tests/test_gpu.py -k "not resume"
-    tests test_after_head 90 "$after" tests/test_kernels.py tests/test_copies.py \
-        tests/test_gpu.py -k "head or softcapped or chunk or evaluation or registered or zero \
-        or trained or largest_cap or two_copies or soft_cap"
+    head_tests test_after_head 90 "$after" registered
     rm -rf /tmp/cache_after "/tmp/cache_$(basename "$(pwd)")"
     bench after_cold "$after"
     bench before_cold "$(pwd)"
     bench before_warm "$(pwd)"  # the spread: BEFORE's two runs
 fi
 if [ "$part" = 2 ]; then
-    in_time "bench_step after_whole_batch" "$after" && TORCHINDUCTOR_CACHE_DIR=/tmp/cache_after \
-        timeout "$(limit 200)" $py "$after/benchmarks/bench_step.py" "${data[@]}" --steps=3 \
-        --json=/tmp/json/bench_after_whole_batch.json | tail -12
+    bench after_whole_batch "$after" --batch_size=524288 --steps=3  # the file's whole batch
     for rows in 8192 4096 16384; do  # 8192, the file's, on this machine too
         chunk_rows $rows && bench "chunks_$rows" "$after"
     done
@@ -212,9 +214,7 @@ if [ "$part" = 5 ]; then
 fi
 if [ "$part" = 6 ]; then
     rm -rf /tmp/cache_after /tmp/cache_onepass
-    tests test_onepass 150 "$trees/onepass" tests/test_kernels.py tests/test_copies.py \
-        tests/test_gpu.py -k "head or softcapped or chunk or evaluation or zero or trained \
-        or largest_cap or two_copies or soft_cap or never_wait"
+    head_tests test_onepass 150 "$trees/onepass" never_wait
     bench after_cold "$after"
     bench onepass_cold "$trees/onepass"
     bench after_warm "$after"
