@@ -189,10 +189,9 @@ if [ "$part" = 4 ]; then
     bench before_cold "$(pwd)"
     bench persist_cold "$trees/persist"
     bench before_warm "$(pwd)"
-    for name in before persist before_again; do
-        kernels "mlp_$name" "$([ $name = persist ] && echo "$trees/persist" || pwd)" 60 \
-            --part=mlp
-    done
+    kernels mlp_before "$(pwd)" 60 --part=mlp
+    kernels mlp_persist "$trees/persist" 60 --part=mlp
+    kernels mlp_before_again "$(pwd)" 60 --part=mlp
 fi
 if [ "$part" = 5 ]; then
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
@@ -218,10 +217,9 @@ if [ "$part" = 6 ]; then
     bench after_cold "$after"
     bench onepass_cold "$trees/onepass"
     bench after_warm "$after"
-    for name in after onepass after_again; do
-        kernels "head_$name" "$trees/$([ $name = onepass ] && echo onepass || echo after)" 90 \
-            --part=head
-    done
+    kernels head_after "$after" 90 --part=head
+    kernels head_onepass "$trees/onepass" 90 --part=head
+    kernels head_after_again "$after" 90 --part=head
 fi
 if [ "$part" = 7 ]; then
     rm -rf /tmp/compare
