@@ -136,6 +136,15 @@ kernels() {  # NAME TREE LIMIT [ARGS...]: bench_kernels.py in TREE, its JSON as 
     timeout "$(limit "$3")" $py "$2/benchmarks/bench_kernels.py" --json="/tmp/json/$1.json" \
         "${@:4}"
 }
+a_b_a() {  # A TREE_A B TREE_B PART LIMIT: one micro-batch a step, A then B from cold caches,
+    # then A again (the spread); then PART alone by bench_kernels.py, A, B, A again
+    bench "$1_cold" "$2"
+    bench "$3_cold" "$4"
+    bench "$1_warm" "$2"
+    kernels "$5_$1" "$2" "$6" --part="$5"
+    kernels "$5_$3" "$4" "$6" --part="$5"
+    kernels "$5_$1_again" "$2" "$6" --part="$5"
+}
 after=$trees/after
 head_tests() {  # NAME LIMIT TREE EXTRA: the head's tests in TREE, tiny shapes and real, and EXTRA
     tests "$1" "$2" "$3" tests/test_kernels.py tests/test_copies.py tests/test_gpu.py -k \
@@ -186,12 +195,7 @@ if [ "$part" = 4 ]; then
         "relu or mlp or every_gpu or an_h100_launches or registered or one_graph"
     in_time "same bits" "$trees/persist" &&
         timeout "$(limit 60)" $py "$here/mlp_same_bits.py" . "$trees/persist"
-    bench before_cold "$(pwd)"
-    bench persist_cold "$trees/persist"
-    bench before_warm "$(pwd)"
-    kernels mlp_before "$(pwd)" 60 --part=mlp
-    kernels mlp_persist "$trees/persist" 60 --part=mlp
-    kernels mlp_before_again "$(pwd)" 60 --part=mlp
+    a_b_a before "$(pwd)" persist "$trees/persist" mlp 60
 fi
 if [ "$part" = 5 ]; then
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
@@ -214,12 +218,7 @@ fi
 if [ "$part" = 6 ]; then
     rm -rf /tmp/cache_after /tmp/cache_onepass
     head_tests test_onepass 150 "$trees/onepass" never_wait
-    bench after_cold "$after"
-    bench onepass_cold "$trees/onepass"
-    bench after_warm "$after"
-    kernels head_after "$after" 90 --part=head
-    kernels head_onepass "$trees/onepass" 90 --part=head
-    kernels head_after_again "$after" 90 --part=head
+    a_b_a after "$after" onepass "$trees/onepass" head 90
 fi
 if [ "$part" = 7 ]; then
     rm -rf /tmp/compare
