@@ -152,6 +152,16 @@ def report(result):
               f"grows with a run's progress, so their step_avg differ by that too")
 
 
+def syntax_error(script):
+    """Where the script does not compile, a line that says so; else None. Checked before any
+    run, so that a typo in the attempt does not wait for the baseline's runs to be found."""
+    try:
+        compile(script.read_bytes(), str(script), "exec")
+    except SyntaxError as error:
+        return f"{script}, line {error.lineno}: {error.msg}"
+    return None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
@@ -167,6 +177,8 @@ def main(argv=None):
     for script in (args.baseline, args.attempt):
         if not script.is_file():
             parser.error(f"{script}: no such file")
+        if error := syntax_error(script):
+            parser.error(error)
     if args.runs < 1 or args.nproc_per_node < 1:
         parser.error(f"--runs={args.runs} and --nproc_per_node={args.nproc_per_node} must be "
                      f"1 or more")

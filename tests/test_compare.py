@@ -127,6 +127,19 @@ def test_one_run_each_gives_no_verdict_and_unequal_lengths_a_warning(tmp_path, c
     assert "warning: the runs took [5] and [6] steps" in text
 
 
+@pytest.mark.parametrize("broken", ["baseline", "attempt"])
+def test_a_script_that_does_not_compile_is_refused_before_any_run(broken, tmp_path, capsys):
+    """A syntax error in either script is found before the other script's runs are spent."""
+    scripts = dict(baseline=stand_in(tmp_path, "a", [1.0]), attempt=stand_in(tmp_path, "b", [1.0]))
+    scripts[broken].write_text("NAME = 'broken'\ndef f(:\n    pass\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        compare.main([str(scripts["baseline"]), str(scripts["attempt"]), f"--out={out}"])
+    assert not out.exists()  # no run folder, and no order.txt in it
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f": error: {scripts[broken]}, line 2: invalid syntax")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["missing.py", "{a}"], "missing.py: no such file"),
     (["{a}", "{a}", "--runs=0"], "--runs=0 and --nproc_per_node=1 must be 1 or more"),
