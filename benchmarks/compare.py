@@ -152,6 +152,13 @@ def report(result):
               f"grows with a run's progress, so their step_avg differ by that too")
 
 
+def usage():
+    """The usage that the module's docstring gives (less its `python benchmarks/compare.py`), for
+    argparse's usage line: argparse's own line would not show the scripts' options after `--`,
+    since main splits them off before argparse sees the rest."""
+    return " ".join(["%(prog)s"] + __doc__.split("\n\n")[1].split()[2:])
+
+
 def syntax_error(script):
     """Where the script does not compile, a line that says so; else None. Checked before any
     run, so that a typo in the attempt does not wait for the baseline's runs to be found."""
@@ -165,9 +172,9 @@ def syntax_error(script):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("baseline", type=Path)
-    parser.add_argument("attempt", type=Path)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], usage=usage())
+    parser.add_argument("baseline", type=Path, metavar="BASELINE.py")
+    parser.add_argument("attempt", type=Path, metavar="ATTEMPT.py")
     parser.add_argument("--runs", type=int, default=3, help="runs of each script")
     parser.add_argument("--nproc_per_node", type=int, default=1, help="GPUs (or processes)")
     parser.add_argument("--out", type=Path, default=None,

@@ -3,6 +3,7 @@ ratio, checked against figures worked by hand on stand-in scripts, then on train
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -138,6 +139,14 @@ def test_a_script_that_does_not_compile_is_refused_before_any_run(broken, tmp_pa
     assert not out.exists()  # no run folder, and no order.txt in it
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         f": error: {scripts[broken]}, line 2: invalid syntax")
+
+
+def test_help_shows_the_scripts_own_options_after_a_double_dash():
+    """compare splits those options off itself, so argparse's own usage would not show them."""
+    shown = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--help"],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown.splitlines()[0] == ("usage: compare.py BASELINE.py ATTEMPT.py [--runs=N] "
+                                     "[--nproc_per_node=G] [--out=DIR] [-- --name=value ...]")
 
 
 @pytest.mark.parametrize("argv, message", [
