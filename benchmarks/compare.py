@@ -91,11 +91,17 @@ def run_once(script, nproc, log_dir, overrides, env):
     return final_step(logs[0])
 
 
+def spread(values):
+    """Largest minus smallest; None for one value, which measures no spread (a 0 would read as
+    runs that agreed)."""
+    return max(values) - min(values) if len(values) > 1 else None
+
+
 def summary(step_avgs, steps, val_losses):
     return dict(step_avg_ms=step_avgs, steps=steps, mean_ms=sum(step_avgs) / len(step_avgs),
-                spread_ms=max(step_avgs) - min(step_avgs), val_loss=val_losses,
+                spread_ms=spread(step_avgs), val_loss=val_losses,
                 val_loss_mean=sum(val_losses) / len(val_losses),
-                val_loss_spread=max(val_losses) - min(val_losses))
+                val_loss_spread=spread(val_losses))
 
 
 def run_environment():
@@ -125,28 +131,33 @@ def compare(baseline, attempt, runs, nproc, out, overrides):
     result.update(runs=runs, nproc_per_node=nproc, overrides=overrides)
     a, b = result["baseline"], result["attempt"]
     result["ratio"] = b["mean_ms"] / a["mean_ms"]
-    result["larger_spread_ms"] = max(a["spread_ms"], b["spread_ms"])
     # one run each has no spread to measure a difference against
+    result["larger_spread_ms"] = None if runs < 2 else max(a["spread_ms"], b["spread_ms"])
     result["exceeds_spread"] = None if runs < 2 else bool(
         abs(b["mean_ms"] - a["mean_ms"]) > result["larger_spread_ms"])
     return result
 
 
+def shown_spread(value, form, unit=""):
+    return "no spread" if value is None else f"spread {value:{form}}{unit}"
+
+
 def report(result):
     for label in ("baseline", "attempt"):
-        r = result[label]
-        print(f"{label:<8} {r['script']}: step_avg {r['mean_ms']:.2f}ms, spread "
-              f"{r['spread_ms']:.2f}ms over {len(r['step_avg_ms'])} runs "
-              f"({', '.join(f'{v:.2f}' for v in r['step_avg_ms'])}); final val loss "
-              f"{r['val_loss_mean']:.4f}, spread {r['val_loss_spread']:.4f} "
+        r, n = result[label], len(result[label]["step_avg_ms"])
+        print(f"{label:<8} {r['script']}: step_avg {r['mean_ms']:.2f}ms, "
+              f"{shown_spread(r['spread_ms'], '.2f', 'ms')} over {n} "
+              f"run{'' if n == 1 else 's'} ({', '.join(f'{v:.2f}' for v in r['step_avg_ms'])}); "
+              f"final val loss {r['val_loss_mean']:.4f}, "
+              f"{shown_spread(r['val_loss_spread'], '.4f')} "
               f"({', '.join(f'{v:.4f}' for v in r['val_loss'])})")
     a, b = result["baseline"], result["attempt"]
     verdict = {None: "one run each: no spread to compare with (--runs=2 or more)",
                True: "larger than the larger spread", False: "within the larger spread"}[
         result["exceeds_spread"]]
-    spread = f", {result['larger_spread_ms']:.2f}ms" if result["runs"] > 1 else ""
+    larger = "" if result["larger_spread_ms"] is None else f", {result['larger_spread_ms']:.2f}ms"
     print(f"attempt / baseline: {result['ratio']:.4f} ({b['mean_ms'] - a['mean_ms']:+.2f}ms per "
-          f"step); {verdict}{spread}")
+          f"step); {verdict}{larger}")
     if a["steps"] != b["steps"]:
         print(f"warning: the runs took {a['steps']} and {b['steps']} steps; the attention window "
               f"grows with a run's progress, so their step_avg differ by that too")

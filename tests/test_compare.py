@@ -120,10 +120,18 @@ def test_a_failed_run_stops_with_its_last_lines(nproc, tmp_path):
 def test_one_run_each_gives_no_verdict_and_unequal_lengths_a_warning(tmp_path, capsys):
     a, b = stand_in(tmp_path, "a", [100.0]), stand_in(tmp_path, "b", [100.5])
     b.write_text(b.read_text().replace("step:5/5", "step:6/6"))
-    result = compare.main([str(a), str(b), "--runs=1", f"--out={tmp_path / 'out'}"])
-    assert result["exceeds_spread"] is None
+    out = tmp_path / "out"
+    result = compare.main([str(a), str(b), "--runs=1", f"--out={out}"])
+    assert result["exceeds_spread"] is None and result["larger_spread_ms"] is None
     assert (result["baseline"]["steps"], result["attempt"]["steps"]) == ([5], [6])
+    # one run measures no spread: null in the JSON, not a spread of 0
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved == result and saved["larger_spread_ms"] is None
+    assert [saved[label][spread] for label in ("baseline", "attempt")
+            for spread in ("spread_ms", "val_loss_spread")] == [None] * 4
     text = capsys.readouterr().out
+    assert "step_avg 100.50ms, no spread over 1 run (100.50); final val loss 3.2000, no spread " \
+           "(3.2000)\n" in text
     assert "(+0.50ms per step); one run each: no spread to compare with (--runs=2 or more)\n" in text
     assert "warning: the runs took [5] and [6] steps" in text
 
