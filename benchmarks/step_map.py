@@ -4,9 +4,12 @@ family, and how far each family is from its floor.
 Made by bench_step.py --profile from torch.profiler's Chrome trace, with the operators' shapes
 recorded. A kernel's family comes from the operator that launched it (the trace links the two by
 their External id):
-- a matrix product (aten::mm, aten::addmm) by its operands' shapes: one as wide as the
-  vocabulary is the head's, one as wide as the MLP's hidden layer the MLP's, any other the
-  attention's projections; the MLP's own kernel (ReLU^2 in its products) is a family of its own;
+- a matrix product (aten::mm, aten::addmm) by its weight's shape, its three dims (m, k, n) less
+  one that is a micro-batch's tokens: every product of a layer has that count once, and it may
+  equal a width (512 tokens, an MLP 512 wide, in the smoke preset on a GPU). A weight as wide
+  as the vocabulary is the head's, one as wide as the MLP's hidden layer the MLP's, any other
+  the attention's projections; a product without a micro-batch's tokens among its dims goes by
+  all three. The MLP's own kernel (ReLU^2 in its products) is a family of its own;
 - FlexAttention's forward and backward by their template kernels;
 - the head's loss by its kernel's name;
 - the compiled elementwise work (norms, residual, rotary, mixing) by Inductor's name prefix;
@@ -52,6 +55,18 @@ def product_dims(op):
     return None
 
 
+def weight_dims(dims, work):
+    """The dims of a product that are its weight's shape: all but one that is a micro-batch's
+    tokens (m in the forward and the input's gradient, k in the weight's gradient), which could
+    otherwise pass for a width; all three where none is."""
+    tokens = work.tokens // work.micro_batches
+    if tokens not in dims:
+        return dims
+    rest = list(dims)
+    rest.remove(tokens)
+    return tuple(rest)
+
+
 def kernel_family(event, op, work):
     """(family, FLOPs, bytes) of one GPU event, given the operator that launched it (or None).
     FLOPs and bytes are None where the family's floor is not known; a product's FLOPs are given
@@ -62,10 +77,10 @@ def kernel_family(event, op, work):
         dims = product_dims(op)
         if dims is None:
             return "products, shapes not recorded", None, 0
-        # by the widths in the shapes: a micro-batch of as many tokens would be misread
-        role = ("head" if work.vocab_size in dims else
+        weight = weight_dims(dims, work)
+        role = ("head" if work.vocab_size in weight else
                 "MLP's ReLU^2 kernel" if op_name.endswith("::relu_square_matmul") else
-                "MLP" if work.hidden in dims else "attention's projections")
+                "MLP" if work.hidden in weight else "attention's projections")
         return f"products: {role}", 2 * dims[0] * dims[1] * dims[2], 0
     if event.get("cat") == "gpu_memcpy":
         return "copies and memsets", 0, event["args"]["bytes"] * (2 if "DtoD" in name else 1)

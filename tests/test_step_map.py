@@ -121,6 +121,37 @@ def test_a_step_worked_by_hand():
     assert lines[-1] == f"| all | 10 | {27.569 / 2:.2f} | | | | |"
 
 
+def test_a_micro_batch_as_long_as_the_mlp_is_wide():
+    """The smoke preset on a GPU: 512 tokens a micro-batch, model_dim 128, MLP 512 wide. Every
+    product of a layer has the 512 tokens among its dims, so a product's family comes from the
+    two dims left without them, its weight's shape; the attention's are not the MLP's."""
+    x, h, vocab = [512, 128], [512, 512], 50304
+    trace = events(
+        # the attention's projections: forward, the input's gradient, the weight's gradient
+        (kernel("nvjet_qkv_NNN", 1), op("aten::mm", [x, [128, 128]])),
+        (kernel("nvjet_qkv_TNN", 2), op("aten::mm", [x, [128, 128]])),
+        (kernel("nvjet_qkv_NTN", 4), op("aten::mm", [[128, 512], x])),
+        # the MLP's way up (128 to 512) and down (512 to 128), each forward and its two gradients
+        (kernel("nvjet_fc_NNN", 10), op("aten::mm", [x, [128, 512]])),
+        (kernel("nvjet_fc_TNN", 20), op("aten::mm", [h, [512, 128]])),
+        (kernel("nvjet_fc_NTN", 40), op("aten::mm", [[512, 512], x])),
+        (kernel("nvjet_proj_NNN", 80), op("aten::mm", [h, [512, 128]])),
+        (kernel("nvjet_proj_TNN", 160), op("aten::mm", [x, [128, 512]])),
+        (kernel("nvjet_proj_NTN", 320), op("aten::mm", [[128, 512], h])),
+        # the head, whole and in a chunk of 256 tokens: without the 512, by all three dims
+        (kernel("nvjet_head_NNN", 1000), op("aten::mm", [x, [128, vocab]])),
+        (kernel("nvjet_head_chunk", 2000), op("aten::mm", [[256, 128], [128, vocab]])))
+    work = ProfiledWork(model_dim=128, hidden=512, vocab_size=vocab, tokens=512,
+                        attention_pairs=0, micro_batches=1)
+    table, _ = step_map(dict(traceEvents=trace), work, 2.5e12)
+    # each family's launches, its kernels' time (which of them it holds), its FLOPs, 2 m k n each
+    assert {row["family"]: (row["launches"], row["ms"], row["tflop"]) for row in table} == {
+        "products: attention's projections": (3, pytest.approx(0.007),
+                                              pytest.approx(3 * 2 * 512 * 128 * 128 / 1e12)),
+        "products: MLP": (6, pytest.approx(0.63), pytest.approx(6 * 2 * 512 * 128 * 512 / 1e12)),
+        "products: head": (2, pytest.approx(3.0), pytest.approx(3 * 2 * 256 * 128 * vocab / 1e12))}
+
+
 def test_a_compiled_kernel_without_its_bytes_has_no_floor():
     trace = events((kernel("triton_poi_fused_add_0", 100), op("triton_poi_fused_add_0",
                                                                  kernel_num_gb=0.1)),
