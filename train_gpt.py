@@ -2,8 +2,8 @@
 
 Launch with `torchrun --standalone --nproc_per_node=8 train_gpt.py` (or `./run.sh`); `--help`
 lists the hyperparameters. The file reads top to bottom: hyperparameters, Muon, model, data and
-the training loop, then what the loop needs around it, what only long runs need (checkpoints,
-resume, stopping) and the GPU kernels. Importing it has no side effects: all runs in `main()`.
+training with its loop; then what the loop needs around it, checkpoints and stops, and the GPU
+kernels. Importing it has no side effects: all runs in `main()`.
 """
 import argparse
 import ast
@@ -27,7 +27,6 @@ import threading
 import time
 import typing
 import uuid
-import warnings
 import zipfile
 from dataclasses import dataclass
 
@@ -43,11 +42,9 @@ from tqdm import tqdm
 
 # ----------------------------------------------------------------------------- hyperparameters
 
-
-def option(default, help):
+def option(default, text):
     """A hyperparameter's default, and the line `--help` shows for it."""
-    return dataclasses.field(default=default, metadata=dict(help=help))
-
+    return dataclasses.field(default=default, metadata=dict(help=text))
 
 @dataclass
 class Hyperparameters:
@@ -75,7 +72,7 @@ class Hyperparameters:
     muon_lr: float = option(0.05, "Muon: the matrices of the blocks")
     # run
     val_every: int = option(125, "validate every this many steps and after the last; 0: last only")
-    warmup_steps: int = option(10, "untimed steps that compile the kernels, then undone")
+    compile_steps: int = option(10, "untimed steps that compile the model, then undone")
     seed: int = option(0, "seeds the initial weights")
     log_dir: str = option("logs", "log: <log_dir>/<run id>.txt; checkpoints: <log_dir>/<run id>/")
     checkpoint_every: int = option(0, "write the training state every this many steps; 0: never")
@@ -84,62 +81,50 @@ class Hyperparameters:
     kernels: bool = option(True, "on a GPU, run the head's loss and the MLP through the Triton "
                            "kernels at the end of the file; false: through the recipe's torch code")
 
-
 # A small model on the embedded Shakespeare sample: checks a setup on a CPU in about 2 minutes.
 PRESETS = {
     "smoke": dict(train_files="data/shakespeare/shakespeare_train_*.bin",
                   val_files="data/shakespeare/shakespeare_val_*.bin", val_tokens=8 * 1024,
                   batch_size=1024, micro_batch_size=512, num_layers=4, num_heads=2,
                   model_dim=128, no_attention_layers=(), num_iterations=150, val_every=50,
-                  warmup_steps=0),
+                  compile_steps=0),
 }
 
-
 class UserError(Exception):
-    """Input the user must fix (arguments, data, checkpoints, the launch) or a run that cannot go
-    on (a checkpoint that cannot be written, a diverged loss): shown as its message alone.
-    Anything else is a bug, and keeps its traceback."""
-
+    """Bad input, or a run that cannot go on: shown as its message alone. Anything else is a
+    bug, and keeps its traceback."""
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):  # raise, so that a bad argument ends like any other bad input
         raise UserError(f"{message} (--help lists the hyperparameters)")
 
-
 def parse_args(argv, config=Hyperparameters):
     """The `config` dataclass from `--name=value` arguments, on top of `--preset=NAME` if given.
     Each field is an option of its type, with its help; `--flag` alone is true."""
-    parser = ArgumentParser(prog="train_gpt.py", allow_abbrev=False,
-                            description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="train_gpt.py", allow_abbrev=False,  # -OO drops the docstring
+                            description=__doc__ and __doc__.split("\n")[0])
     parser.add_argument("--preset", choices=PRESETS, default=argparse.SUPPRESS,
                         help="start from these values, e.g. smoke: " + str(PRESETS["smoke"]))
-    fields, types = dataclasses.fields(config), typing.get_type_hints(config)  # not strings
-    for field in fields:
+    types = typing.get_type_hints(config)  # types, where the annotations may be strings
+    for field in dataclasses.fields(config):
         kind, text = types[field.name], field.metadata.get("help", "")
         parser.add_argument(f"--{field.name}", default=argparse.SUPPRESS, metavar=kind.__name__,
                             **(dict(nargs="?", const=True) if kind is bool else {}),
-                            type={bool: boolean, tuple: integers}.get(kind, kind),
+                            type={bool: true_or_false, tuple: comma_separated_ints}.get(kind, kind),
                             help=f"{text} (default: {field.default})".lstrip())
-    given, unknown = parser.parse_known_args(argv)
-    if unknown:
-        raise UserError(f"unknown argument {unknown[0]!r}; arguments look like --name=value, "
-                        f"where name is one of {', '.join(f.name for f in fields)} or preset")
-    preset = PRESETS.get(vars(given).pop("preset", None), {})
-    return config(**{**preset, **vars(given)})
+    given = vars(parser.parse_args(argv))
+    return config(**{**PRESETS.get(given.pop("preset", None), {}), **given})
 
-
-def boolean(text):
+def true_or_false(text):
     values = {"true": True, "1": True, "false": False, "0": False}
     if text.lower() not in values:
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
     return values[text.lower()]
 
-
-def integers(text):
+def comma_separated_ints(text):
     return tuple(int(v) for v in text.split(",") if v.strip())
 
 # ----------------------------------------------------------------------------- Muon
-
 
 def zeropower_via_newtonschulz5(G, steps=5):
     """Approximately orthogonalize G (replace it by U V^T of its SVD) with a quintic iteration.
@@ -160,23 +145,20 @@ def zeropower_via_newtonschulz5(G, steps=5):
         X = a * X + B @ X
     return X.T if tall else X
 
-
 class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton-Schulz: SGD momentum whose update is orthogonalized.
 
     For 2-D hidden weights only (embeddings, the head and scalars belong to Adam). Parameters
     are grouped by size; in each group the ranks take chunks of world_size parameters, rank r
     orthogonalizes parameter r of the chunk, and an asynchronous all_gather shares the updates
-    while the next chunk is computed. Every rank then applies every update, so all ranks keep
-    identical weights. Rank and world size come from the process group (none: one process).
-    """
+    while the next chunk is computed. Every rank applies every update, so all keep identical
+    weights. Rank and world size come from the process group (none: one process)."""
 
     def __init__(self, params, lr, momentum, nesterov=True, ns_steps=5):
         params = list(params)
-        # Eager, one orthogonalization is ~45 kernels, each rounding to bf16; compiled, the
-        # elementwise work is fused, and each shape's ~37 kernels are replayed as one CUDA graph,
-        # since launching them one by one kept the GPU idle. On a CPU (fp32) compiling would
-        # only add start-up time.
+        # Eager, one orthogonalization is ~45 kernels, each rounding to bf16; compiled, they are
+        # fused, and each shape's are replayed as one CUDA graph, since launching them one by
+        # one kept the GPU idle. On a CPU (fp32), compiling would only add start-up time.
         self.orthogonalize = (torch.compile(zeropower_via_newtonschulz5, dynamic=False,
                                             mode="reduce-overhead")
                               if any(p.is_cuda for p in params) else zeropower_via_newtonschulz5)
@@ -188,11 +170,11 @@ class Muon(torch.optim.Optimizer):
         super().__init__(groups, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       ns_steps=ns_steps))
         self.update_buffers = {}  # per size: the updates of one chunk, one row per rank
-        for size in sizes:
-            device = next(p.device for p in params if p.numel() == size)
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        for size, group in zip(sizes, groups):
+            p = group["params"][0]
+            dtype = torch.bfloat16 if p.is_cuda else torch.float32
             self.update_buffers[size] = torch.empty(self.world_size * size, dtype=dtype,
-                                                    device=device)
+                                                    device=p.device)
 
     def _orthogonalized_update(self, p, group):
         if p.grad is None:
@@ -259,6 +241,7 @@ class Muon(torch.optim.Optimizer):
                     self.state.pop(p, None)
                 elif "momentum_buffer" in self.state.get(p, {}):
                     self.state[p]["momentum_buffer"] = self.state[p]["momentum_buffer"].clone()
+
 # ----------------------------------------------------------------------------- model
 # GPT-2 small reshaped by the speedrun: RMS norm without weights, rotary positions, QK-norm,
 # ReLU^2 MLPs, value embeddings, U-net skips, and attention only within each document and a
@@ -267,10 +250,8 @@ class Muon(torch.optim.Optimizer):
 EOT_TOKEN = 50256  # <|endoftext|>: every document starts with it
 BLOCK_SIZE = 128  # FlexAttention block; the sliding window is counted in these
 
-
 def norm(x):
     return F.rms_norm(x, (x.size(-1),))
-
 
 class CastedLinear(nn.Linear):
     """A bias-free linear layer whose fp32 weight is cast to the activation dtype (bf16 on GPU)."""
@@ -283,7 +264,6 @@ class CastedLinear(nn.Linear):
 
     def forward(self, x):
         return F.linear(x, self.weight.type_as(x))
-
 
 class Rotary(nn.Module):
     """Half-truncated rotary embedding: half the head dims rotate, the other half do not."""
@@ -300,7 +280,6 @@ class Rotary(nn.Module):
         cos, sin = self.cos[None, :x.size(1), None, :], self.sin[None, :x.size(1), None, :]
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
-
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, dim, num_heads, rotary):
@@ -329,33 +308,26 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.c_proj(y.transpose(1, 2).contiguous().view_as(x))
 
-
 def relu_square_mlp(x, w_fc, w_proj):
     """The MLP: ReLU^2 between two products, relu(x w_fc^T)^2 w_proj^T."""
     return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)
 
-
 class MLP(nn.Module):
-    """`relu_square_mlp` over the stream; with `kernel`, through the Triton kernel that computes
-    it, where the shapes allow (end of the file)."""
-
-    def __init__(self, dim, kernel=False):
+    def __init__(self, dim):
         super().__init__()
         self.c_fc = CastedLinear(dim, 4 * dim)
         self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)
-        self.kernel = kernel
+        self.relu_square_mlp = relu_square_mlp  # or the Triton kernel that computes it
 
     def forward(self, x):
-        args = (x[0], self.c_fc.weight.type_as(x), self.c_proj.weight.type_as(x))
-        mlp = kernel_for(relu_square_mlp, *args) if self.kernel else relu_square_mlp
-        return mlp(*args)[None]
-
+        return self.relu_square_mlp(x[0], self.c_fc.weight.type_as(x),
+                                    self.c_proj.weight.type_as(x))[None]
 
 class Block(nn.Module):
-    def __init__(self, dim, num_heads, rotary, has_attention, kernels=False):
+    def __init__(self, dim, num_heads, rotary, has_attention):
         super().__init__()
         self.attn = CausalSelfAttention(dim, num_heads, rotary) if has_attention else None
-        self.mlp = MLP(dim, kernels)
+        self.mlp = MLP(dim)
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))  # mix of the stream and x0
 
     def forward(self, x, ve, x0, mask):
@@ -363,7 +335,6 @@ class Block(nn.Module):
         if self.attn is not None:
             x = x + self.attn(norm(x), ve, mask)
         return x + self.mlp(norm(x))
-
 
 def attention_blocks(inputs, window_blocks):
     """The document-causal sliding-window mask of `inputs`, block by block: (any_allowed,
@@ -393,7 +364,6 @@ def attention_blocks(inputs, window_blocks):
 
     return any_allowed, all_allowed, document_causal
 
-
 def build_block_mask(inputs, window_blocks):
     """The mask of `attention_blocks` as FlexAttention's BlockMask: per query block, the partial
     and the full kv blocks. No T x T tensor is ever made."""
@@ -408,7 +378,6 @@ def build_block_mask(inputs, window_blocks):
                                     *as_kv_lists(all_allowed),
                                     BLOCK_SIZE=BLOCK_SIZE, mask_mod=document_causal)
 
-
 def dense_attention_mask(inputs, window_blocks):
     """The mask of `attention_blocks` as a T x T bool tensor (True = may attend), the entries
     FlexAttention computes: every entry of a full block pair, document_causal's in a partial one."""
@@ -420,7 +389,6 @@ def dense_attention_mask(inputs, window_blocks):
     return per_entry(all_allowed) | (per_entry(any_allowed)
                                      & document_causal(0, 0, pos[:, None], pos[None, :]))
 
-
 def head_loss(x, weight, targets, softcap):
     """The head and its loss: the mean cross-entropy of `targets` under the logits of `x` (rows:
     tokens), capped to (-softcap, softcap) in the activation dtype, then taken to fp32."""
@@ -428,45 +396,38 @@ def head_loss(x, weight, targets, softcap):
     logits = softcap * torch.tanh(logits / softcap)
     return F.cross_entropy(logits.float(), targets)
 
-
 class GPT(nn.Module):
     """GPT-2 small with the speedrun's changes: value embeddings, U-net skips, x0 mixing, ReLU^2.
 
     Layers 0..L/2-1 are the encoder, the rest the decoder; each decoder block first adds a
     weighted encoder output, last in first out. Three value-embedding tables feed the value
-    projections of the first three and the last three layers (pattern 012...012). With
-    `kernels`, `head_loss` and `relu_square_mlp` run through the Triton kernels that compute
-    them (end of the file).
-    """
+    projections of the first three and the last three layers (pattern 012...012)."""
 
     def __init__(self, vocab_size, num_layers, num_heads, model_dim, max_seq_len=65536,
-                 no_attention_layers=(7,), embed_dtype=torch.float32, softcap=15.0,
-                 kernels=False):
+                 no_attention_layers=(7,), embed_dtype=torch.float32, softcap=15.0):
         super().__init__()
         check_heads(model_dim, num_heads)
-        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
-        self.softcap, self.kernels = softcap, kernels
+        self.vocab_size, self.max_seq_len, self.softcap = vocab_size, max_seq_len, softcap
         padded_vocab = -(-vocab_size // 128) * 128  # aligned matrices run faster
-        if kernels:  # before anything trains with them
-            check_kernels(softcap, padded_vocab)
         # DDP stops at the second step on a parameter without a gradient: a value table is built
         # only if one of its layers has attention, the skip weights only if a decoder layer does.
         attention = [i not in no_attention_layers for i in range(num_layers)]
         num_ve = min(3, num_layers // 2)  # value tables, each feeding an early and a late layer
         # 12 layers: tables [0, 1, 2, None, None, None, None, None, None, 0, 1, 2] by layer
         pattern = [*range(num_ve), *[None] * (num_layers - 2 * num_ve), *range(num_ve)]
-        fed = [table if has_attention else None for table, has_attention in zip(pattern, attention)]
-        kept = sorted(set(fed) - {None})
-        self.ve_index = [None if table is None else kept.index(table) for table in fed]
+        used = [table if attends else None for table, attends in zip(pattern, attention)]
+        tables = sorted(set(used) - {None})
+        self.ve_index = [None if table is None else tables.index(table) for table in used]
         self.embed = nn.Embedding(padded_vocab, model_dim)
-        self.value_embeds = nn.ModuleList([nn.Embedding(padded_vocab, model_dim) for _ in kept])
+        self.value_embeds = nn.ModuleList([nn.Embedding(padded_vocab, model_dim) for _ in tables])
         rotary = Rotary(model_dim // num_heads, max_seq_len)
-        self.blocks = nn.ModuleList([Block(model_dim, num_heads, rotary, has_attention, kernels)
+        self.blocks = nn.ModuleList([Block(model_dim, num_heads, rotary, has_attention)
                                      for has_attention in attention])
         self.num_encoder_layers = num_layers // 2
         self.skip_weights = (nn.Parameter(torch.ones(self.num_encoder_layers))
                              if self.num_encoder_layers else None)
         self.lm_head = CastedLinear(model_dim, padded_vocab, zero_init=True)
+        self.head_loss = head_loss  # or the Triton kernel that computes it
         for table in [self.embed, *self.value_embeds]:  # initialised in fp32, then cast in place:
             table.to(embed_dtype)  # with bf16 tables the whole residual stream runs in bf16
 
@@ -485,16 +446,12 @@ class GPT(nn.Module):
             x = block(x, ve[i], x0, mask)
             if i < self.num_encoder_layers:
                 skips.append(x)
-        args = (norm(x)[0], self.lm_head.weight.type_as(x), targets, self.softcap)
-        loss = kernel_for(head_loss, *args) if self.kernels else head_loss
-        return loss(*args)
-
+        return self.head_loss(norm(x)[0], self.lm_head.weight.type_as(x), targets, self.softcap)
 
 def check_heads(model_dim, num_heads):
     if num_heads <= 0 or model_dim % num_heads or (model_dim // num_heads) % 4:
         raise UserError(f"--model_dim={model_dim} must split into --num_heads={num_heads} heads, "
                         f"each of a size that is a multiple of 4 (rotary)")
-
 
 def check_tokens(inputs, vocab_size, max_seq_len):
     """Refuse inputs the model cannot take (their values only when eager; the loader checks)."""
@@ -506,7 +463,6 @@ def check_tokens(inputs, vocab_size, max_seq_len):
         if low < 0 or high >= vocab_size:
             raise UserError(f"token ids must lie in [0, {vocab_size}); got [{low}, {high}]")
 
-
 # ----------------------------------------------------------------------------- data
 
 SHARD_MAGIC = 20240520
@@ -514,7 +470,6 @@ SHARD_VERSION = 1
 HEADER_INTS = 256  # little-endian int32: magic, version, token count, then zeros
 HEADER_BYTES = HEADER_INTS * 4
 DOWNLOAD_HINT = "download the shards with `python data/cached_fineweb10B.py 8`"
-
 
 def write_shard(path, tokens):
     """Write GPT-2 token ids as one shard: a 1024-byte header, then the tokens as uint16."""
@@ -527,41 +482,33 @@ def write_shard(path, tokens):
         f.write(header.tobytes())
         f.write(tokens.astype("<u2").tobytes())
 
-
 def check_shard(path):
     """Validate a shard's header against its size on disk; return its token count."""
     with open(path, "rb") as f:
         header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+    size = os.path.getsize(path)
+    expected = HEADER_BYTES + 2 * int(header[2]) if header.size == HEADER_INTS else None
     if header.size < HEADER_INTS:
-        raise UserError(f"{path}: file is {os.path.getsize(path)} bytes, shorter than the "
-                        f"{HEADER_BYTES}-byte header; the file is truncated, {DOWNLOAD_HINT}")
-    if header[0] != SHARD_MAGIC:
-        raise UserError(f"{path}: magic number is {header[0]}, expected {SHARD_MAGIC}; "
-                        f"this is not a token shard, {DOWNLOAD_HINT}")
-    if header[1] != SHARD_VERSION:
-        raise UserError(f"{path}: shard version is {header[1]}, this script reads version "
-                        f"{SHARD_VERSION}; {DOWNLOAD_HINT}")
-    num_tokens = int(header[2])
-    expected, actual = HEADER_BYTES + 2 * num_tokens, os.path.getsize(path)
-    if actual != expected:
-        kind = "shorter" if actual < expected else "longer"
-        raise UserError(f"{path}: header claims {num_tokens} tokens ({expected} bytes) but the "
-                        f"file is {actual} bytes, {kind} than that; {DOWNLOAD_HINT}")
-    return num_tokens
-
+        problem = f"file is {size} bytes, shorter than the {HEADER_BYTES}-byte header: truncated"
+    elif header[0] != SHARD_MAGIC:
+        problem = f"magic number is {header[0]}, expected {SHARD_MAGIC}: not a token shard"
+    elif header[1] != SHARD_VERSION:
+        problem = f"shard version is {header[1]}, this script reads version {SHARD_VERSION}"
+    elif size != expected:
+        problem = (f"header claims {header[2]} tokens ({expected} bytes) but the file is {size} "
+                   f"bytes, {'shorter' if size < expected else 'longer'} than that")
+    else:
+        return int(header[2])
+    raise UserError(f"{path}: {problem}; {DOWNLOAD_HINT}")
 
 def read_shard(path):
-    """Map a shard's tokens as a uint16 tensor, after checking its header.
-
-    Nothing is read up front: pages come from the file as they are first used, and the ranks
-    of a node share one copy of them in the page cache.
-    """
+    """A shard's tokens as a uint16 tensor mapped from the file, after checking its header:
+    pages are read as they are first used, and the ranks of a node share them."""
     num_tokens = check_shard(path)
     header_tokens = HEADER_BYTES // 2
     mapped = torch.from_file(str(path), shared=False, size=header_tokens + num_tokens,
                              dtype=torch.uint16)  # private: writes would never reach the file
     return mapped[header_tokens:]
-
 
 def rank_share(batch_size, world_size):
     """How many tokens of a batch each rank takes; a batch that does not split is refused."""
@@ -570,7 +517,6 @@ def rank_share(batch_size, world_size):
                         f"make --batch_size a multiple of {world_size}")
     return batch_size // world_size
 
-
 class DistributedDataLoader:
     """Walks the sorted shards in order; each call hands every rank its slice of one batch.
 
@@ -578,8 +524,7 @@ class DistributedDataLoader:
     tokens [p + r*B/W, p + (r+1)*B/W + 1) of the current shard, then p advances by B. A shard is
     left (wrapping around after the last) as soon as p + B + 1 would reach its end. Shards are
     memory-mapped (the kernel reads the next one ahead), and a slice goes to the GPU through a
-    small pinned staging copy, so the copy does not block the CPU.
-    """
+    small pinned staging copy, so the copy does not block the CPU."""
 
     def __init__(self, filename_pattern, rank, world_size, device="cpu", vocab_size=50257):
         self.files = sorted(glob.glob(filename_pattern))
@@ -592,15 +537,13 @@ class DistributedDataLoader:
         self.shard, self.tokens = None, None
         self.reset()
 
-    def reset(self):
-        """Go back to the first token of the first shard."""
+    def reset(self):  # to the first token of the first shard
         self._load(0)
 
     def state_dict(self):
         return dict(shard=self.shard, pos=self.pos)
 
     def load_state_dict(self, state):
-        """Continue from a state_dict(): the same shard and position."""
         if not 0 <= state["shard"] < len(self.files):
             raise UserError(f"the saved position is in shard {state['shard']}, but only "
                             f"{len(self.files)} shards match this loader's pattern")
@@ -646,7 +589,6 @@ class DistributedDataLoader:
 # sequences of micro_batch_size tokens, DDP averages the gradients over the ranks, then Adam and
 # Muon step with the schedules below. The attention window widens from 128 to 1792 tokens.
 
-
 def main(argv=None):
     """Train with these arguments (default: the command line); return {step: val loss}."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -660,82 +602,93 @@ def main(argv=None):
             time.sleep(0.1)
             dist.destroy_process_group()
 
-
 def train(args, rank, world_size, device):
+    """The run on this rank: its set-up, the untimed compile steps, then the training loop."""
     train_loader = DistributedDataLoader(args.train_files, rank, world_size, device,
                                          args.vocab_size)
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device, args.vocab_size)
     check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
+    model, compiled, ddp_model = build_model(args, device)  # refuses kernels that differ
     run_id = make_run_id()
-    resume = find_checkpoint(args, run_id, world_size)  # refused, if it must be, before any log
+    resume = find_checkpoint(args, run_id, world_size)
+    # every refusal of the configuration comes above: from here on, the run has a log
     log = make_logger(args.log_dir, run_id, rank)
-    log_run_header(log, args, world_size, train_loader.files, val_loader.files)
-    model, compiled, ddp_model = build_model(args, device)
+    log_run_header(log, args, world_size, train_loader.files, val_loader.files, model)
     adam, muon = build_optimizers(model, args)
     state = (model, adam, muon, train_loader)
     window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
     seq_len = sequence_length(args, world_size)
 
-    def step_once(step):
+    def train_one_step(step):
         window.fill_(window_blocks(step, args.num_iterations))
         inputs, targets = train_loader.next_batch(args.batch_size)
         loss = train_step(ddp_model, inputs, targets, window, seq_len)
         optimizer_step(adam, muon, step, args)
         return loss
 
-    # Compile and warm up on a few steps, then put everything back as it was: the timed run is
-    # the run without them. The snapshot waits in host memory, not beside the weights.
+    # Compile on a few untimed steps, then put everything back as it was: the timed run is the
+    # run without them. The snapshot waits in host memory, not beside the weights.
     initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True), training_state(*state))
-    warm_up(step_once, args.warmup_steps, log, show=rank == 0)
+    run_compile_steps(train_one_step, args.compile_steps, log, show=rank == 0)
     restore_training_state(initial, *state)
     del initial
 
-    val_losses = {}
-    with stop_requests(show=rank == 0) as signals:  # shared with the other ranks
+    val_losses, queued, stop_requested = {}, None, False
+    with stop_signals(show=rank == 0) as signals:  # a rank's request reaches all with its loss
         clock = TrainClock(device)  # from here: the set-up above is no training
-        readout = StepReadout(log, clock, args.num_iterations)
-        run = LongRun(args, run_id, world_size, state, clock, log, resume)  # step 0 or `resume`
-        del resume  # copied into the model and optimizers: free its copy in host memory
-        for step in range(run.first_step, args.num_iterations + 1):  # step: the steps done so far
+        first_step, newest = resume_from(resume, state, clock, log)  # (0, None): a new run
+        del resume  # in the model and optimizers now: free its copy in host memory
+        for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
-            validate = last or (args.val_every and step % args.val_every == 0)
-            # validation, checkpoints and stops wait for the GPU anyway: log the pending step now
-            if validate or run.checkpoint_due(step) or readout.stop_requested:
-                run.check_finite(readout.flush(), "training loss")
-            stop = readout.stop_requested and not last  # after the last step: finish as planned
-            run.between_steps(step, stop)  # a checkpoint when due, then the stop if asked for
+            validate = last or (args.val_every > 0 and step % args.val_every == 0)
+            checkpoint = step > first_step and ((last and args.save_checkpoint) or (
+                args.checkpoint_every > 0 and step % args.checkpoint_every == 0))
+            # the queued step's line: validation, a checkpoint and a stop wait for the GPU anyway
+            if queued and (validate or checkpoint or stop_requested):
+                stop_requested |= log_train_line(log, queued, clock, args, newest)
+                queued = None
+            # a checkpoint when due; the stop that a rank asked for, unless the run is done
+            stop = stop_requested and not last
+            if checkpoint or (stop and (args.checkpoint_every > 0 or args.save_checkpoint)):
+                with clock.paused():
+                    newest = save_checkpoint(step, state, args, run_id, clock, log, newest)
+            if stop:
+                stop_run(SystemExit, f"interrupted at step {step}; {how_to_continue(newest)}", log)
+            # validation, off the clock
             if validate:
                 with clock.paused():
                     window.fill_(window_blocks(step, args.num_iterations))
                     val_losses[step] = evaluate(compiled, val_loader, args, window,
                                                 world_size).item()
-                readout.log_validation(step, val_losses[step])
-                run.check_finite((step, val_losses[step]), "validation loss")
+                log_val_line(log, step, val_losses[step], clock.elapsed_ms, args)
+                check_finite("validation loss", step, val_losses[step], log, args, newest)
             if last:
                 break
-            loss = step_once(step)  # read back, and logged, once the next step is queued
-            run.check_finite(readout.push(step + 1, loss, bool(signals)), "training loss")
+            # the step, whose loss is read a step later: the GPU has the next one queued by then
+            loss = train_one_step(step)
+            previous, queued = queued, queue_for_host(step + 1, loss, bool(signals), clock)
+            if previous:
+                stop_requested |= log_train_line(log, previous, clock, args, newest)
     log_peak_memory(log, device)
     return val_losses
 
-
 def build_model(args, device, gpu_path=None):
-    """The GPT of `args` on `device`, and the forms that run it: compiled on a GPU, and wrapped
-    in DDP when there are several processes. Returns (model, compiled, ddp_model).
-    `gpu_path`: compile and take the kernels (default: on a GPU); a test sets it on a CPU, where
-    Triton's interpreter runs the kernels, to run the GPU's path without one."""
+    """(model, compiled, ddp_model): the GPT of `args` on `device`, compiled on the GPU's path,
+    and in DDP when there are several processes. `gpu_path` (default: on a GPU) compiles and
+    takes the kernels; tests set it on a CPU, where Triton's interpreter runs the kernels."""
     torch.manual_seed(args.seed)  # built on the CPU: the same weights on every rank and device
     cuda = device.type == "cuda"
     gpu_path = cuda if gpu_path is None else gpu_path
     model = GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
                 max_seq_len=args.micro_batch_size, no_attention_layers=args.no_attention_layers,
-                embed_dtype=torch.bfloat16 if cuda else torch.float32, softcap=args.softcap,
-                kernels=gpu_path and args.kernels).to(device)
+                embed_dtype=torch.bfloat16 if cuda else torch.float32,
+                softcap=args.softcap).to(device)
+    if gpu_path and args.kernels:
+        use_kernels(model, device)  # decided here, once, for this device
     compiled = torch.compile(model) if gpu_path else model
     ddp_model = (DDP(compiled, device_ids=[device] if cuda else None, broadcast_buffers=False,
                      gradient_as_bucket_view=True) if dist.is_initialized() else compiled)
     return model, compiled, ddp_model
-
 
 def build_optimizers(model, args):
     """Adam for the embeddings, the head and the scalars; Muon for every matrix in the blocks."""
@@ -751,32 +704,25 @@ def build_optimizers(model, args):
         group["initial_lr"] = group["lr"]
     return adam, muon
 
-
 def lr_multiplier(step, num_iterations, cooldown_frac):
     """1 for the first (1 - cooldown_frac) of the run, then a straight line down to 0."""
     remaining = 1 - step / num_iterations
     return 1.0 if remaining >= cooldown_frac else remaining / cooldown_frac
 
-
-def muon_momentum(step, warmup_steps=300):
+def muon_momentum(step, ramp_steps=300):
     """Muon's momentum rises linearly from 0.85 to 0.95 over the first 300 steps."""
-    frac = min(step / warmup_steps, 1)
+    frac = min(step / ramp_steps, 1)
     return (1 - frac) * 0.85 + frac * 0.95
-
 
 def window_blocks(step, num_iterations):
     """The attention window, in 128-token blocks: 1 at the start, 14 (1792 tokens) at the end."""
     x = step / num_iterations
     return int(((1 - x) * 128 + x * 1856) // 128)
 
-
 def train_step(model, inputs, targets, window, seq_len):
-    """Forward and backward this rank's slice as sequences of `seq_len` tokens.
-
-    Gradients are averaged over the sequences here and over the ranks by DDP, so the update is
-    the mean over the whole batch whatever the world size. They are synchronised once, after the
-    last sequence. Returns the mean loss, detached.
-    """
+    """Forward and backward this rank's slice as sequences of `seq_len` tokens; return the mean
+    loss. Gradients are averaged over the sequences here and over the ranks by DDP, after the
+    last: the update is the mean over the whole batch, whatever the world size."""
     num_seqs = len(inputs) // seq_len
     total = torch.zeros((), device=inputs.device)
     for i in range(num_seqs):
@@ -787,7 +733,6 @@ def train_step(model, inputs, targets, window, seq_len):
             loss.backward()
         total += loss.detach()
     return total
-
 
 def optimizer_step(adam, muon, step, args):
     """Apply the schedules of `step` to both optimizers, step them, and clear the gradients."""
@@ -800,7 +745,6 @@ def optimizer_step(adam, muon, step, args):
     muon.step()
     adam.zero_grad(set_to_none=True)
     muon.zero_grad(set_to_none=True)
-
 
 @torch.no_grad()
 def evaluate(model, loader, args, window, world_size):
@@ -816,8 +760,6 @@ def evaluate(model, loader, args, window, world_size):
     return all_ranks_mean(total / steps)
 
 # ----------------------------------------------------------------------------- around the loop
-# Processes and devices, checks, the log, the clock, and the one-step-late readout of the loss.
-
 
 def setup_device():
     """(rank, world size, device): torchrun's process group, or one process without torchrun."""
@@ -829,11 +771,10 @@ def setup_device():
     if cuda:
         major, minor = torch.cuda.get_device_capability(device)
         if major < 8:  # bf16 arithmetic came with the A100
-            raise UserError(f"{torch.cuda.get_device_name(device)} (compute capability "
-                            f"{major}.{minor}) has no bf16 arithmetic, in which the recipe "
-                            "trains; use a GPU from the A100 (8.0) on, or hide this one for the "
-                            "CPU smoke run: CUDA_VISIBLE_DEVICES= python train_gpt.py "
-                            "--preset=smoke")
+            raise UserError(f"{torch.cuda.get_device_name(device)} (compute capability {major}."
+                            f"{minor}) has no bf16 arithmetic, in which the recipe trains; use a "
+                            "GPU from the A100 (8.0) on, or hide this one for the CPU smoke run: "
+                            "CUDA_VISIBLE_DEVICES= python train_gpt.py --preset=smoke")
         torch.cuda.set_device(device)
     if "RANK" not in os.environ:  # not launched by torchrun
         return 0, 1, device
@@ -845,39 +786,30 @@ def setup_device():
                             store=dist.PrefixStore(f"attempt{attempt}", store))
     return rank, world_size, device
 
-
 def sequence_length(args, world_size):
     """Tokens per forward pass: the micro-batch, or a rank's whole slice when that is shorter."""
     return min(args.micro_batch_size, args.batch_size // world_size)
 
-
-# The values a field may take, where its type allows some that cannot run. A new field needs a
-# line here only if it brings a new kind of limit; check_config then ties the fields together.
-LIMITS = [
-    (("val_tokens", "batch_size", "micro_batch_size", "num_layers", "model_dim",
-      "num_iterations"), lambda v: v > 0, "must be positive"),
-    (("val_every", "warmup_steps", "seed", "checkpoint_every"), lambda v: v >= 0,
-     "must be 0 or more"),
-    (("embed_lr", "head_lr", "scalar_lr", "muon_lr"), lambda v: 0 <= v < math.inf,
-     "must be a finite number, 0 or more"),
-    (("cooldown_frac",), lambda v: 0 <= v <= 1, "must lie in [0, 1]"),
-    (("softcap",), lambda v: 0 < v < math.inf, "must be a finite number above 0"),
-    (("vocab_size",), lambda v: v > 50256, "cannot hold the GPT-2 tokens of the data (up to "
-     "50256); use 50257"),
-    (("no_attention_layers",), lambda v: min(v, default=0) >= 0, "must count layers from 0"),
-    (("log_dir",), bool, "must name a folder"),
-]
-
-
 def check_config(args, world_size, val_shard_tokens):
-    """Refuse hyperparameters that cannot run on `world_size` ranks with this val shard, naming
-    the values and the fix. The model and the loader check their own arguments as well, for
-    callers that build them directly."""
-    for names, allowed, rule in LIMITS:
-        for name, value in ((name, getattr(args, name)) for name in names):
+    """Refuse hyperparameters that cannot run on `world_size` ranks, naming the value and fix."""
+    def require(allowed, names, rule):
+        for name in names.split():
+            value = getattr(args, name)
             if not allowed(value):
                 shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
                 raise UserError(f"--{name}={shown} {rule}")
+
+    require(lambda v: v > 0, "val_tokens batch_size micro_batch_size num_layers model_dim "
+            "num_iterations", "must be positive")
+    require(lambda v: v >= 0, "val_every compile_steps seed checkpoint_every", "must be 0 or more")
+    require(lambda v: 0 <= v < math.inf, "embed_lr head_lr scalar_lr muon_lr",
+            "must be a finite number, 0 or more")
+    require(lambda v: 0 <= v <= 1, "cooldown_frac", "must lie in [0, 1]")
+    require(lambda v: 0 < v < math.inf, "softcap", "must be a finite number above 0")
+    require(lambda v: v > EOT_TOKEN, "vocab_size",
+            f"cannot hold the GPT-2 tokens of the data (up to {EOT_TOKEN}); use 50257")
+    require(lambda v: min(v, default=0) >= 0, "no_attention_layers", "must count layers from 0")
+    require(bool, "log_dir", "must name a folder")
     # the default stands for "layer 7, where there is one"; layers the user names must exist
     missing = [i for i in args.no_attention_layers if i >= args.num_layers]
     if missing and args.no_attention_layers != type(args).no_attention_layers:
@@ -896,17 +828,15 @@ def check_config(args, world_size, val_shard_tokens):
         raise UserError(f"the val shard holds {val_shard_tokens} tokens, not more than "
                         f"--val_tokens={args.val_tokens} + 1; validate on fewer tokens")
 
-
 def all_ranks_mean(x):
     if dist.is_initialized():
         dist.all_reduce(x)  # a sum: gloo has no average
         x /= dist.get_world_size()
     return x
 
-
 def make_logger(log_dir, run_id, rank):
-    """Return log(line): print on rank 0 and append to <log_dir>/<run id>.txt, flushed each line.
-    Every rank makes the folder, or finds that it cannot, so that all stop alike."""
+    """log(line): on rank 0, print and append to <log_dir>/<run id>.txt. Every rank makes the
+    folder, or finds that it cannot, so that all stop alike."""
     try:
         os.makedirs(log_dir, exist_ok=True)
     except OSError as err:
@@ -926,11 +856,11 @@ def make_logger(log_dir, run_id, rank):
         log_file.flush()
     return log
 
-
-def log_run_header(log, args, world_size, train_files, val_files):
+def log_run_header(log, args, world_size, train_files, val_files, model):
     """Everything needed to reproduce the run: code, versions, hardware, data, settings."""
-    with open(__file__) as f:
-        log(f.read() + "=" * 100, console=False)
+    if globals().get("__file__"):  # none where the code was run by exec()
+        with open(__file__) as f:
+            log(f.read() + "=" * 100, console=False)
     cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
     log(f"Python {platform.python_version()}, PyTorch {torch.__version__}, CUDA {cuda}")
     log("allocator settings: " + ", ".join(f"{name}={os.environ[name]}" for name in
@@ -944,35 +874,34 @@ def log_run_header(log, args, world_size, train_files, val_files):
     log(f"world size {world_size}: {args.batch_size // world_size // seq_len} sequence(s) of "
         f"{seq_len} tokens per rank per step" + ("" if seq_len == args.micro_batch_size else
         " (shorter than --micro_batch_size: a different run from the reference)"))
-
+    log(f"the head's loss runs as {model.head_loss.__name__}, the MLPs as "
+        f"{model.blocks[0].mlp.relu_square_mlp.__name__}")
 
 def log_peak_memory(log, device):
     if device.type == "cuda":
-        log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
+        log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 2**20} MiB")
     else:  # ru_maxrss is in KiB on Linux
         log(f"peak memory consumption: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"
             f" MiB (CPU run: peak resident set size of rank 0)")
 
-
-def warm_up(step_once, steps, log, show):
-    """Run the untimed steps that compile the kernels, and show them on standard output as they
-    end (`show`: rank 0), as a bar on a terminal or a line each in a file: with a cold compile
-    cache they take minutes, which a silent script cannot tell apart from a hang."""
+def run_compile_steps(train_one_step, steps, log, show):
+    """Run the untimed steps that compile the model, each shown as it ends (`show`: rank 0), as
+    a bar on a terminal or a line in a file: with a cold compile cache they take minutes, which
+    a silent script cannot tell apart from a hang."""
     if not steps:
         return
     started = time.perf_counter()
     terminal = show and sys.stdout.isatty()
-    bar = tqdm(total=steps, desc="warm-up (compiling)", unit="step", file=sys.stdout,
+    bar = tqdm(total=steps, desc="compile steps (untimed)", unit="step", file=sys.stdout,
                disable=not terminal)
     for step in range(steps):
-        step_once(step).item()  # wait for the step, so that the time shown is its end
+        train_one_step(step).item()  # wait for the step, so that the time shown is its end
         bar.update()
         if show and not terminal:
-            print(f"warm-up step {step + 1}/{steps}: {time.perf_counter() - started:.1f}s",
+            print(f"compile step {step + 1}/{steps}: {time.perf_counter() - started:.1f}s",
                   flush=True)
     bar.close()
-    log(f"warm-up: {steps} steps in {time.perf_counter() - started:.1f}s (compilation), undone")
-
+    log(f"compile steps: {steps} in {time.perf_counter() - started:.1f}s, untimed, then undone")
 
 class TrainClock:
     """Milliseconds spent training: validation and checkpoints run inside paused()."""
@@ -994,61 +923,49 @@ class TrainClock:
         self.sync()
         self.start = time.perf_counter()
 
+def queue_for_host(step, loss, signalled, clock):
+    """Start copying step `step`'s loss and stop request, as means over the ranks, to host memory
+    without waiting: reading a value the GPU has just computed makes the CPU wait for the step,
+    and the GPU then idles while the CPU prepares the next one."""
+    values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, signalled)]))
+    host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
+    arrived = torch.cuda.Event() if values.is_cuda else None
+    if arrived:
+        arrived.record()
+    return step, host, arrived, clock.ms()
 
-class StepReadout:
-    """The log's step lines. A training step's line, with its loss, is written a step late.
+def log_train_line(log, queued, clock, args, newest):
+    """Log the line of a step queue_for_host() copied, once the copy is there; return whether a
+    rank asked to stop. A loss that is not finite, their mean, ends the run on every rank."""
+    step, host, arrived, ms = queued
+    if arrived:
+        arrived.synchronize()  # long done unless the CPU is more than a step ahead
+        ms = clock.ms()  # the step has certainly finished by now
+    loss, stop = host.tolist()
+    log(f"step:{step}/{args.num_iterations} train_time:{ms:.0f}ms step_avg:{ms / step:.2f}ms "
+        f"train_loss:{loss:.4f}")
+    check_finite("training loss", step, loss, log, args, newest)
+    return stop > 0
 
-    Reading a value the GPU has just computed makes the CPU wait for the step, and the GPU then
-    idles while the CPU prepares the next one. So each step's [mean loss, stop request of any
-    rank] is copied to pinned host memory without waiting, and read once the next step is queued.
-    """
+def log_val_line(log, step, loss, ms, args):
+    log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms"
+        + (f" step_avg:{ms / step:.2f}ms" if step else ""))  # no average before a step
 
-    def __init__(self, log, clock, num_iterations):
-        self.log, self.clock, self.num_iterations = log, clock, num_iterations
-        self.pending = None
-        self.stop_requested = False  # by a rank, in a step read so far
+# ----------------------------------------------------------------------- checkpoints and stops
+# A checkpoint holds the whole training state and the step: a resumed run takes the same batches
+# and reaches the same weights as one that never stopped. Ctrl-C, SIGTERM and non-finite values
+# stop every rank after the same step.
 
-    def log_validation(self, step, loss):
-        ms = self.clock.elapsed_ms
-        self.log(f"step:{step}/{self.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms"
-                 + (f" step_avg:{ms / step:.2f}ms" if step else ""))  # no average before a step
-
-    def push(self, step, loss, signalled):
-        """Queue step `step`'s loss and stop request; log the previous step's line, and return
-        its (step, mean train loss), or None."""
-        values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, signalled)]))
-        host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
-        arrived = torch.cuda.Event() if values.is_cuda else None
-        if arrived:
-            arrived.record()
-        previous, self.pending = self.pending, (step, host, arrived, self.clock.ms())
-        return self._read(previous)
-
-    def flush(self):
-        """Log the pending step's line now, and return its (step, mean train loss), or None."""
-        previous, self.pending = self.pending, None
-        return self._read(previous)
-
-    def _read(self, pending):
-        if pending is None:
-            return None
-        step, host, arrived, ms = pending
-        if arrived:
-            arrived.synchronize()  # long done unless the CPU is more than a step ahead
-            ms = self.clock.ms()  # the step has certainly finished by now
-        loss, stop = host.tolist()
-        self.stop_requested = self.stop_requested or stop > 0
-        self.log(f"step:{step}/{self.num_iterations} train_time:{ms:.0f}ms "
-                 f"step_avg:{ms / step:.2f}ms train_loss:{loss:.4f}")
-        return step, loss
-
+# A resumed run may change these, which change neither the batches nor the math (`kernels`: up
+# to rounding).
+RUN_FIELDS = {"val_files", "val_tokens", "val_every", "compile_steps", "log_dir",
+              "checkpoint_every", "save_checkpoint", "resume", "kernels"}
 
 def training_state(model, adam, muon, loader, gather=False):
-    """Everything the following steps depend on, with this rank's part of Muon's momentum; for a
-    checkpoint, gather=True: every rank calls it, and rank 0's result holds all of it."""
+    """Everything the next steps depend on, with this rank's part of Muon's momentum (with
+    gather=True, which every rank calls, rank 0's holds all of it)."""
     return dict(model=model.state_dict(), adam=adam.state_dict(),
                 muon=muon.state_dict(gather=gather), train_loader=loader.state_dict())
-
 
 def restore_training_state(state, model, adam, muon, loader):
     """Put a training_state() back: the weights are copied into the model's own tensors."""
@@ -1057,103 +974,64 @@ def restore_training_state(state, model, adam, muon, loader):
     muon.load_state_dict(state["muon"])
     loader.load_state_dict(state["train_loader"])
 
-# ----------------------------------------------------------------------------- long runs
-# None of this changes what is computed. A checkpoint holds the whole training state and the
-# step, so a resumed run takes the same batches and reaches the same weights as one that never
-# stopped. Ctrl-C, SIGTERM and non-finite values stop every rank after the same step.
+def save_checkpoint(step, state, args, run_id, clock, log, newest):
+    """Write the training state after `step` steps (rank 0 writes, the others wait); return its
+    path. Weights that are not finite are not written: the run ends there."""
+    started = time.perf_counter()
+    weights = torch.stack([p.detach().float().norm() for p in state[0].parameters()])
+    check_finite("norm of the weights", step, weights.norm().item(), log, args, newest)
+    path = os.path.join(args.log_dir, run_id, f"state_step{step:06d}.pt")
+    checkpoint = dict(training_state(*state, gather=True), step=step, run_id=run_id,
+                      world_size=dist.get_world_size() if dist.is_initialized() else 1,
+                      train_time_ms=clock.elapsed_ms, hyperparameters=dataclasses.asdict(args))
+    try:
+        on_rank_0(write_checkpoint, checkpoint, path)
+    except OSError as err:
+        stop_run(UserError, f"cannot write the checkpoint {path} ({err}); free space or change "
+                 f"--log_dir; {last_good(newest, args)}", log)
+    log(f"checkpoint: step {step} written to {path} in "
+        f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
+    return path
 
-# A resumed run may change these: they change neither the batches nor the math (`kernels` rounds
-# the head's capped logits and the MLP's products differently, so the weights agree to that
-# rounding, not to the bit).
-RUN_FIELDS = {"val_files", "val_tokens", "val_every", "warmup_steps", "log_dir",
-              "checkpoint_every", "save_checkpoint", "resume", "kernels"}
+def resume_from(resume, state, clock, log):
+    """Restore `resume`, a (path, checkpoint) from find_checkpoint, into the training state and
+    the clock; return (steps done, newest checkpoint), or (0, None) without one."""
+    if not resume:
+        return 0, None
+    path, checkpoint = resume
+    log(f"resuming from {path}: step {checkpoint['step']} of run {checkpoint['run_id']}")
+    with clock.paused():  # not training time
+        restore_training_state(checkpoint, *state)
+    clock.elapsed_ms = checkpoint["train_time_ms"]
+    return checkpoint["step"], path
 
+def check_finite(what, step, value, log, args, newest):
+    """End the run if `value` is a NaN or an infinity; every rank sees the same value."""
+    if not math.isfinite(value):
+        stop_run(UserError, f"step {step}: the {what} is {value}, so the run stops here; "
+                 f"{last_good(newest, args)}", log)
 
-class LongRun:
-    """Checkpoints for the training loop: the one it continues from, the ones it writes, and the
-    ends of the run (asked for, or forced by a non-finite value) that name the newest one."""
+def last_good(newest, args):
+    return f"the last good checkpoint is {newest}" if newest else "no checkpoint was written" + (
+        "" if args.checkpoint_every else " (--checkpoint_every=K writes one every K steps)")
 
-    def __init__(self, args, run_id, world_size, state, clock, log, resume=None):
-        """Restore `resume`, a (path, checkpoint) from find_checkpoint, if there is one."""
-        self.args, self.id, self.world_size = args, run_id, world_size
-        self.state, self.clock, self.log = state, clock, log
-        self.first_step, self.last_checkpoint = 0, None
-        if resume:
-            path, checkpoint = resume
-            log(f"resuming from {path}: step {checkpoint['step']} of run {checkpoint['run_id']}")
-            with clock.paused():  # not training time
-                restore_training_state(checkpoint, *state)
-            self.first_step, self.last_checkpoint = checkpoint["step"], path
-            clock.elapsed_ms = checkpoint["train_time_ms"]
+def how_to_continue(newest):
+    return (f"continue with --resume={newest}" if newest else
+            "no checkpoint (--checkpoint_every or --save_checkpoint write one)")
 
-    def checkpoint_due(self, step):
-        """Whether a checkpoint is written after `step` steps (never the one just restored)."""
-        args = self.args
-        return step > self.first_step and bool(
-            (step == args.num_iterations and args.save_checkpoint)
-            or (args.checkpoint_every and step % args.checkpoint_every == 0))
-
-    def between_steps(self, step, stop):
-        """After `step` steps: write a checkpoint if one is due, and if `stop`, end the run, with
-        a checkpoint first when checkpoints are on."""
-        if self.checkpoint_due(step) or (stop and (self.args.checkpoint_every or
-                                                   self.args.save_checkpoint)):
-            with self.clock.paused():
-                self.save(step)
-        if stop:
-            self.fail(SystemExit, f"interrupted at step {step}; " + (
-                f"continue with --resume={self.last_checkpoint}" if self.last_checkpoint else
-                "no checkpoint (--checkpoint_every or --save_checkpoint write one)"))
-
-    def check_finite(self, report, what):
-        """End the run if `report`, a (step, value) or None, holds a NaN or an infinity. The
-        values are means over the ranks, so every rank stops."""
-        if report is not None and not math.isfinite(report[1]):
-            self.fail(UserError, f"step {report[0]}: the {what} is {report[1]}, so the run stops "
-                      f"here; {self.newest()}")
-
-    def newest(self):
-        """Where the run can go on from, for the message that ends it."""
-        if self.last_checkpoint:
-            return f"the last good checkpoint is {self.last_checkpoint}"
-        return "no checkpoint was written" + ("" if self.args.checkpoint_every else
-                                              " (--checkpoint_every=K writes one every K steps)")
-
-    def fail(self, error, message):
-        self.log(message)
-        raise error(message)
-
-    def save(self, step):
-        """Write the training state after `step` steps: rank 0 writes, the others wait."""
-        started = time.perf_counter()
-        weights = torch.stack([p.detach().float().norm() for p in self.state[0].parameters()])
-        self.check_finite((step, weights.norm().item()), "norm of the weights")
-        path = os.path.join(self.args.log_dir, self.id, f"state_step{step:06d}.pt")
-        checkpoint = dict(training_state(*self.state, gather=True), step=step, run_id=self.id,
-                          world_size=self.world_size, train_time_ms=self.clock.elapsed_ms,
-                          hyperparameters=dataclasses.asdict(self.args))
-        try:
-            on_rank_0(write_checkpoint, checkpoint, path)
-        except OSError as err:
-            self.fail(UserError, f"cannot write the checkpoint {path} ({err}); free space or "
-                      f"change --log_dir; {self.newest()}")
-        self.log(f"checkpoint: step {step} written to {path} in "
-                 f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
-        self.last_checkpoint = path
-
+def stop_run(error, message, log):
+    log(message)
+    raise error(message)
 
 @contextlib.contextmanager
-def stop_requests(show):
-    """Within it, a first Ctrl-C or SIGTERM ends nothing by itself: it is noted in the list it
-    yields, which the loop shares with the other ranks, so that all stop after the same step.
-    A second one ends the process at once. One that follows the first within a second is taken
-    for a copy of it: a scheduler signals every process of a job, and torchrun passes its own
-    signal on to the workers as well.
-
-    Python runs a signal handler only between bytecodes of the main thread, which can wait for
-    a long time in a compile or for good in a hung collective. So a thread watches too: the
-    interpreter writes each signal's number to a pipe the moment it arrives, and the thread
-    says what the first one does (`show`: rank 0) and ends the process on the second."""
+def stop_signals(show):
+    """Within it, a first Ctrl-C or SIGTERM is noted in the list it yields, which the loop shares
+    with the other ranks, so that all stop after the same step. A second ends the process at
+    once; one within a second of the first is a copy of it (a scheduler signals every process of
+    a job, and torchrun passes its own on). Python runs handlers only between bytecodes of the
+    main thread, which may wait long in a compile or for good in a hung collective: so a thread
+    reads each signal from the interpreter's wakeup pipe, says what the first does (`show`) and
+    ends the process on the second."""
     signals, stops = [], (signal.SIGINT, signal.SIGTERM)
     watched, wakeup = os.pipe()
     os.set_blocking(wakeup, False)  # as set_wakeup_fd requires
@@ -1184,7 +1062,6 @@ def stop_requests(show):
             signal.signal(sig, handler)
         os.close(wakeup)
 
-
 def make_run_id():
     """torchrun's run id, which lasts over its restarts of the workers, or a new one."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
@@ -1196,14 +1073,11 @@ def make_run_id():
                         "of resuming; give torchrun --rdzv-id=NAME, the same on every node")
     return on_rank_0(lambda: str(uuid.uuid4()))
 
-
 def find_checkpoint(args, run_id, world_size):
-    """The checkpoint to continue from, as (path, checkpoint), or None. Rank 0 picks the file and
-    every rank reads it, so on several nodes it must lie in a folder they all share: --log_dir,
-    for the checkpoints a restart continues from."""
+    """(path, checkpoint) to continue from, or None. Rank 0 picks the file, every rank reads it:
+    on several nodes, --log_dir must be a folder they share."""
     path = on_rank_0(resume_path, args, run_id)
     return (path, load_checkpoint(path, args, world_size)) if path else None
-
 
 def on_rank_0(fn, *args):
     """fn(*args) run by rank 0 alone, while the others wait; all get its result or its error."""
@@ -1219,13 +1093,11 @@ def on_rank_0(fn, *args):
         raise outcome[1]
     return outcome[0]
 
-
 def resume_path(args, run_id):
-    """The checkpoint to continue from, or "": after torchrun restarts the workers
-    (--max-restarts), the run's own newest; otherwise --resume, a folder meaning its newest.
-    A new run may not take a run id that has a log or checkpoints already: its lines would go
-    on in that run's log, which would then read as one run. (Restarts are told from new runs by
-    the restart count of rank 0's node.)"""
+    """The checkpoint to continue from, or "": after torchrun restarts the workers (told by the
+    restart count of rank 0's node), the run's own newest; otherwise --resume, a folder meaning
+    its newest. A new run may not take a run id that has a log or checkpoints: it would write
+    into that run's log."""
     log, folder = os.path.join(args.log_dir, f"{run_id}.txt"), os.path.join(args.log_dir, run_id)
     own = checkpoints_in(folder)
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
@@ -1243,13 +1115,11 @@ def resume_path(args, run_id):
         return found[-1]
     return args.resume
 
-
 def checkpoints_in(folder):
     """The complete checkpoints in `folder`, oldest first (a write in progress has another name)."""
     names = os.listdir(folder) if os.path.isdir(folder) else []
     steps = sorted(int(m[1]) for m in map(re.compile(r"state_step(\d+)\.pt").fullmatch, names) if m)
     return [os.path.join(folder, f"state_step{step:06d}.pt") for step in steps]
-
 
 def write_checkpoint(state, path, keep=2):
     """Save `state` to `path`, then delete all but the newest `keep` checkpoints in its folder.
@@ -1264,7 +1134,6 @@ def write_checkpoint(state, path, keep=2):
     for old in checkpoints_in(os.path.dirname(path))[:-keep]:
         if old != path:
             os.remove(old)
-
 
 def load_checkpoint(path, args, world_size):
     """Read a checkpoint, refusing one from another configuration with the differing fields."""
@@ -1305,44 +1174,71 @@ def load_checkpoint(path, args, world_size):
 
 # ----------------------------------------------------------------------------- GPU kernels
 # Each computes what a function of the recipe computes (`head_loss`, `relu_square_mlp`), which
-# the CPU path runs and the tests compare it with: on a GPU, and on a CPU through Triton's
-# interpreter (TRITON_INTERPRET=1). A kernel is a custom op, which torch.compile calls as it is;
-# an autograd.Function around it says how it differentiates. Not the op's register_autograd:
-# AOTAutograd's cache would then key on the op alone and serve the backward from before an edit
-# of it; a Function bypasses it.
+# the CPU path runs and the tests compare it with, on a GPU and on a CPU through Triton's
+# interpreter (TRITON_INTERPRET=1). A kernel is a custom op, which torch.compile calls as it is,
+# in an autograd.Function: AOTAutograd's cache keys a backward registered on the op by the op
+# alone, and would serve it after an edit.
 
 try:  # Triton comes with PyTorch's CUDA builds
     import triton
     import triton.language as tl
-    from triton.compiler import ASTSource
-except ImportError:  # a CPU-only build, which runs the pure-torch computations
+except ImportError:  # a CPU-only build runs the recipe's torch code
     triton = None
 
 # Each kernel's launch settings, the H100's first: a GPU takes the first that fits its shared
-# memory (launch_setting), and where none does, the recipe's torch code runs. A setting joins a
-# list only once it has run on a GPU, forced through tests/test_gpu.py.
+# memory per block, and where none does, the recipe's torch code runs.
 KERNEL_SETTINGS = dict(
     head=[dict(BLOCK=2048, num_warps=4)],  # columns per iteration, warps per row
     mlp=[dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)])
-LAUNCH_SETTINGS = {}  # (kernel, device): the index launch_setting found, worked out once
-
-# The code of the recipe functions that the kernels were written to compute, as fingerprints. A
-# copy of this file that edits a function and not its kernel would train the old code on a GPU
-# and the new one on a CPU: check_kernels stops it before it trains.
-KERNEL_RECIPES = dict(head_loss="484aad08653d", relu_square_mlp="027de2b5e7a8")
-
-# The ops' namespace: this copy's own, so that two copies loaded in one process (a notebook, a
-# tool that loads both) keep their own kernels; the same in every run of a file, as the compile
-# cache needs.
-OPS = "speedrun_" + hashlib.sha256(f"{os.path.realpath(__file__)}:{__name__}".encode()
+# The code each kernel computes, as recipe_fingerprint() gives it: a copy that edits a recipe
+# function and not its kernel would train other code on a GPU than on a CPU.
+KERNEL_RECIPES = dict(head="484aad08653d", mlp="027de2b5e7a8")
+# The ops' namespace, from the file's path and module name: two copies loaded in one process
+# keep their own kernels, and every run of one file has the same, as the compile cache needs.
+OPS = "speedrun_" + hashlib.sha256(f"{globals().get('__file__')}:{__name__}".encode()
                                    ).hexdigest()[:12]
 
+def use_kernels(model, device):
+    """Run the model's head loss and MLPs through the kernels that compute them, each with the
+    first of its settings that fits `device`; the MLP's only where its products split into the
+    setting's whole tiles and, on a GPU, run in bf16. Elsewhere the recipe's functions stay.
+    Refused in one line, before anything trains, where a kernel would compute something else."""
+    mlps = [block.mlp for block in model.blocks]
+    for kernel, recipe in [("head", model.head_loss), ("mlp", mlps[0].relu_square_mlp)]:
+        found = recipe_fingerprint(recipe)
+        if found != KERNEL_RECIPES[kernel]:
+            fix = (f'make the kernel compute it and set KERNEL_RECIPES["{kernel}"] = "{found}"'
+                   if found else "load the file from its path, where its code can be read")
+            raise UserError(f"{os.path.basename(globals().get('__file__') or __name__)}: "
+                            f"{getattr(recipe, '__name__', recipe)} is not the code that the "
+                            f"{kernel} kernel computes, so a GPU would train other code than a "
+                            f"CPU: run it with --kernels=false, or {fix}")
+    columns = model.lm_head.weight.size(0)  # the kernel sums exp(capped logit) with no maximum
+    largest = math.floor(math.log(torch.finfo(torch.float32).max / columns))
+    if model.softcap > largest:
+        raise UserError(f"--softcap={model.softcap}: the head kernel sums exp(logit) over "
+                        f"{columns} columns in fp32, which holds caps up to {largest}; use a "
+                        f"smaller cap, or --kernels=false")
+    if triton is None:  # PyTorch's CPU-only builds
+        return
+    head, mlp = first_fitting_setting("head", device), first_fitting_setting("mlp", device)
+    if head is not None:
+        model.head_loss = Kernel(HeadLoss, "head", head)
+    hidden, dim = mlps[0].c_fc.weight.shape
+    in_bf16 = device.type != "cuda" or model.embed.weight.dtype == torch.bfloat16
+    if mlp is not None and in_bf16 and mlp_fits_tiles(BLOCK_SIZE, dim, hidden, mlp):
+        for block_mlp in mlps:
+            block_mlp.relu_square_mlp = Kernel(ReluSquareMLP, "mlp", mlp)
 
 def recipe_fingerprint(fn):
-    """A hash of `fn`'s code: its signature and statements, not its docstring, comments or
-    layout; with the functions (their fingerprints) and constants of this file that it names."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    if ast.get_docstring(tree) is not None:
+    """A hash of `fn`'s code (not its docstring, comments or layout) with the functions and
+    constants of this file that it names; None where there is no code to read (exec, lambdas in
+    calls, builtins)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if isinstance(tree, ast.FunctionDef) and ast.get_docstring(tree) is not None:
         tree.body = tree.body[1:]
     code, nodes = ast.unparse(tree), list(ast.walk(tree))
     bound = {node.arg for node in nodes if isinstance(node, ast.arg)} | {
@@ -1355,132 +1251,73 @@ def recipe_fingerprint(fn):
             code += f"\n{name} = {value!r}"
     return hashlib.sha256(code.encode()).hexdigest()[:12]
 
+def first_fitting_setting(kernel, device):
+    """The index of the first of `kernel`'s settings that fits `device`'s shared memory per
+    block, or None; on a CPU, where Triton's interpreter runs the kernels, the first."""
+    gpu = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
+    return next((index for index, setting in enumerate(KERNEL_SETTINGS[kernel]) if not gpu or
+                 shared_memory(kernel, setting, gpu.major) <= gpu.shared_memory_per_block_optin),
+                None)
 
-def check_kernels(softcap, num_columns):
-    """Refuse, before anything trains, kernels that would not compute what the recipe says: a
-    recipe function edited since its kernel was written, or a cap past the head kernel's reach."""
-    for recipe, kernel in [(head_loss, "softcapped_cross_entropy_kernel"),
-                           (relu_square_mlp, "relu_square_matmul_kernel")]:
-        found = recipe_fingerprint(recipe)
-        if found != KERNEL_RECIPES[recipe.__name__]:
-            raise UserError(f"{os.path.basename(__file__)}: {recipe.__name__} is not the code "
-                            f"that {kernel} computes, so a GPU would train the old code: run "
-                            f"the new one with --kernels=false, or make the kernel compute it and "
-                            f"set KERNEL_RECIPES[\"{recipe.__name__}\"] = \"{found}\"")
-    # the kernel sums exp(capped logit) over a row without a running maximum
-    largest = math.floor(math.log(torch.finfo(torch.float32).max / num_columns))
-    if softcap > largest:
-        raise UserError(f"--softcap={softcap}: the head kernel sums exp(logit) over {num_columns} "
-                        f"columns in fp32, which holds caps up to {largest}; use a smaller cap, "
-                        f"or --kernels=false")
+def shared_memory(kernel, setting, major):
+    """The bytes of shared memory per block that Triton's build of `kernel` with `setting` takes
+    on a GPU of compute capability `major`.x, with 1 KiB to spare (sm_100's barriers take 16
+    bytes); tests/kernels_for_gpus.py checks it against the builds for each GPU."""
+    if kernel == "head":
+        return 4 * setting["num_warps"] + 1024  # a row's partial sums, an fp32 per warp
+    # the MLP's pipeline of bf16 tiles of both operands: sm_90 and sm_100 keep every stage
+    buffers = setting["num_stages"] - (major not in (9, 10))
+    return buffers * (setting["BLOCK_M"] + setting["BLOCK_N"]) * setting["BLOCK_K"] * 2 + 1024
 
+def mlp_fits_tiles(tokens, dim, hidden, setting):
+    """Whether an MLP of `tokens` x `dim` inputs and `hidden` units splits into whole tiles of
+    the MLP kernel's setting number `setting`."""
+    tile = KERNEL_SETTINGS["mlp"][setting]
+    return (tokens % tile["BLOCK_M"] == 0 and hidden % tile["BLOCK_N"] == 0
+            and dim % tile["BLOCK_K"] == 0)
 
-def kernel_for(recipe, *args):
-    """The kernel's form of the recipe function `recipe` for these arguments, or `recipe` itself
-    where no kernel takes them: without Triton, on a GPU that none of the kernel's settings fits,
-    or for an MLP that does not split into the setting's whole tiles or, on a GPU, is not in bf16
-    (the kernel multiplies in bf16 there, as the recipe does)."""
-    kernel = {head_loss: "head", relu_square_mlp: "mlp"}[recipe]
-    if kernel == "mlp" and args[0].is_cuda and args[0].dtype != torch.bfloat16:
-        return recipe
-    index = None if triton is None else launch_setting(kernel, args[0].device)
-    if index is None:  # no Triton (PyTorch's CPU-only builds), or no setting fits the GPU
-        return recipe
-    if recipe is head_loss:
-        return HeadLoss.apply
-    x, w_fc, _ = args
-    fits = mlp_fits_tiles(len(x), x.size(1), len(w_fc), KERNEL_SETTINGS["mlp"][index])
-    return ReluSquareMLP.apply if fits else recipe
+class Kernel:
+    """A recipe function's Triton form, called as the function is: `function`, an
+    autograd.Function, launched with setting number `setting` of KERNEL_SETTINGS[kernel]."""
 
+    def __init__(self, function, kernel, setting):
+        self.function, self.setting = function, setting
+        self.__name__ = f"{function.__name__} (Triton, {KERNEL_SETTINGS[kernel][setting]})"
 
-# Traced as a constant: the driver's query and Triton's compiler stay out of the graph, and the
-# choice is made once per GPU, before the first step, never checked again.
-@torch.compiler.assume_constant_result
-def launch_setting(kernel, device):
-    """The index of the first of `kernel`'s settings that fits `device`, or None: on a GPU, the
-    first that Triton's compiler builds for it within its shared memory per block, as its driver
-    reports it; on a CPU, where Triton's interpreter runs the kernels, the first."""
-    if (kernel, device) not in LAUNCH_SETTINGS:
-        LAUNCH_SETTINGS[kernel, device] = (first_fitting_setting(kernel, *gpu_target(device))
-                                           if device.type == "cuda" else 0)
-    return LAUNCH_SETTINGS[kernel, device]
-
-
-def gpu_target(device):
-    """Triton's compile target for the CUDA `device`, and its shared memory per block in bytes
-    (the opt-in maximum), as Triton's driver reports it."""
-    with torch.cuda.device(device):
-        target = triton.runtime.driver.active.get_current_target()
-    properties = triton.runtime.driver.active.utils.get_device_properties(device.index)
-    return target, properties["max_shared_mem"]
-
-
-def first_fitting_setting(kernel, target, max_shared):
-    """The index of the first of `kernel`'s settings whose every variant compiles for `target`
-    (a Triton GPUTarget) within `max_shared` bytes of shared memory per block, or None. A
-    setting that does not build there (a compiler too old for the GPU, say) does not fit."""
-    variants = KERNEL_LAUNCHES[kernel][2]
-    for index, setting in enumerate(KERNEL_SETTINGS[kernel]):
-        try:
-            shared = max(compile_for(kernel, setting, variant, target).metadata.shared
-                         for variant in variants)
-        except Exception as error:  # Triton's and ptxas's errors share no base class
-            warnings.warn(f"the {kernel} kernel's setting {setting} does not build for "
-                          f"{target}: {str(error).strip()[:300]}")
-            continue
-        if shared <= max_shared:
-            return index
-    return None
-
-
-def compile_for(kernel, setting, variant, target):
-    """Triton's build of `kernel` with a launch `setting` for `target`, as a run launches it:
-    with the constants of `variant` and the argument types of KERNEL_LAUNCHES."""
-    fn, types, _ = KERNEL_LAUNCHES[kernel]
-    assert list(types) == fn.arg_names, f"KERNEL_LAUNCHES[{kernel!r}]: not {fn.__name__}'s"
-    launch = {name: setting[name] for name in ("num_warps", "num_stages") if name in setting}
-    constants = variant | {name: v for name, v in setting.items() if name not in launch}
-    source = ASTSource(fn=fn, constexprs=constants, signature={
-        name: "constexpr" if name in constants else kind.removesuffix(":16")
-        for name, kind in types.items()}, attrs={
-        (i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(types.items())
-        if name not in constants and (kind.startswith("*") or kind.endswith(":16"))})
-    return triton.compile(source, target=target, options=launch)
-
+    def __call__(self, *args):
+        return self.function.apply(*args, self.setting)
 
 class HeadLoss(torch.autograd.Function):
     """`head_loss` as one product and one kernel, which turns the logits into their gradient in
     place: a 65,536-token micro-batch has 6.6 GB of bf16 logits, read twice and written once."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, softcap):
-        loss, grad_logits = softcapped_cross_entropy(x, weight, targets, softcap)
+    def forward(ctx, x, weight, targets, softcap, setting):
+        loss, grad_logits = softcapped_cross_entropy(x, weight, targets, softcap, setting)
         ctx.save_for_backward(x, weight, grad_logits)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         x, weight, grad_logits = ctx.saved_tensors  # scale the products, not the 6.6 GB
-        return (grad_logits @ weight) * grad_loss, (grad_logits.T @ x) * grad_loss, None, None
-
+        return ((grad_logits @ weight) * grad_loss, (grad_logits.T @ x) * grad_loss,
+                None, None, None)
 
 @torch.library.custom_op(f"{OPS}::softcapped_cross_entropy", mutates_args=())
 def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                             softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean loss, its gradient over the logits x weight^T). Every target is a column of the
-    logits: there is no ignored index."""
+                             softcap: float, setting: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean loss, its gradient over the logits x weight^T), with the head kernel's setting
+    number `setting`. Every target is a column of the logits: there is no ignored index."""
     logits, rows = x @ weight.T, x.size(0)
     losses = torch.empty(rows, dtype=torch.float32, device=x.device)
-    setting = KERNEL_SETTINGS["head"][setting_index("head", x.device)]
     softcapped_cross_entropy_kernel[(rows,)](logits, targets.contiguous(), losses, 1 / rows,
-                                             logits.size(1), softcap, **setting)
+                                             logits.size(1), softcap,
+                                             **KERNEL_SETTINGS["head"][setting])
     return losses.mean(), logits
 
-
 @softcapped_cross_entropy.register_fake
-def _(x, weight, targets, softcap):
+def _(x, weight, targets, softcap, setting):
     return x.new_empty((), dtype=torch.float32), x.new_empty(x.size(0), weight.size(0))
-
 
 class ReluSquareMLP(torch.autograd.Function):
     """`relu_square_mlp` with ReLU^2 computed where the products that surround it write: the
@@ -1488,56 +1325,40 @@ class ReluSquareMLP(torch.autograd.Function):
     multiplies it by 2 relu(pre) as it writes. Each saves a pass over a tokens x hidden tensor."""
 
     @staticmethod
-    def forward(ctx, x, w_fc, w_proj):
-        pre, h = relu_square_matmul(x, w_fc.T, None)
+    def forward(ctx, x, w_fc, w_proj, setting):
+        pre, h = relu_square_matmul(x, w_fc.T, None, setting)
         ctx.save_for_backward(x, w_fc, w_proj, pre)
+        ctx.setting = setting
         return h @ w_proj.T
 
     @staticmethod
     def backward(ctx, grad_out):
         x, w_fc, w_proj, pre = ctx.saved_tensors
-        grad_pre, h = relu_square_matmul(grad_out, w_proj, pre)
-        return grad_pre @ w_fc, grad_pre.T @ x, grad_out.T @ h
-
+        grad_pre, h = relu_square_matmul(grad_out, w_proj, pre, ctx.setting)
+        return grad_pre @ w_fc, grad_pre.T @ x, grad_out.T @ h, None
 
 @torch.library.custom_op(f"{OPS}::relu_square_matmul", mutates_args=())
-def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[torch.Tensor]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """With `pre` None: (a b, relu(a b)^2). Given `pre`: (a b * 2 relu(pre), relu(pre)^2)."""
+def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[torch.Tensor],
+                       setting: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """With `pre` None: (a b, relu(a b)^2). Given `pre`: (a b * 2 relu(pre), relu(pre)^2). With
+    the MLP kernel's setting number `setting`."""
     (M, K), N = a.shape, b.size(1)
-    setting = KERNEL_SETTINGS["mlp"][setting_index("mlp", a.device)]
     if not mlp_fits_tiles(M, K, N, setting):
         raise ValueError(f"relu_square_matmul: a {M} x {K} by {K} x {N} product does not split "
                          "into the kernel's whole tiles")
+    tile = KERNEL_SETTINGS["mlp"][setting]
     a, pre = a.contiguous(), None if pre is None else pre.contiguous()
     out, h = a.new_empty(M, N), a.new_empty(M, N)
-    grid = (M // setting["BLOCK_M"] * (N // setting["BLOCK_N"]),)
+    grid = (M // tile["BLOCK_M"] * (N // tile["BLOCK_N"]),)
     # the interpreter multiplies bf16 as raw bits: fp32 holds the same values
     operand = tl.bfloat16 if a.is_cuda else tl.float32
     relu_square_matmul_kernel[grid](a, b, out if pre is None else pre, out, h, M, N, K,
-                                    *b.stride(), pre is not None, operand, **setting)
+                                    *b.stride(), pre is not None, operand, **tile)
     return out, h
 
-
 @relu_square_matmul.register_fake
-def _(a, b, pre):
+def _(a, b, pre, setting):
     return a.new_empty(a.size(0), b.size(1)), a.new_empty(a.size(0), b.size(1))
-
-
-def mlp_fits_tiles(tokens, dim, hidden, setting):
-    """Whether the products of an MLP of width `hidden` on `tokens` rows of `dim` split into
-    whole tiles of the kernel's launch `setting`, as the kernel needs."""
-    return (tokens % setting["BLOCK_M"] == 0 and hidden % setting["BLOCK_N"] == 0
-            and dim % setting["BLOCK_K"] == 0)
-
-
-def setting_index(kernel, device):
-    """launch_setting, for a launch: a device that no setting fits is refused."""
-    index = launch_setting(kernel, device)
-    if index is None:
-        raise ValueError(f"no launch setting of the {kernel} kernel fits {device}'s shared memory")
-    return index
-
 
 if triton is not None:
     @triton.jit
@@ -1611,23 +1432,6 @@ if triton is not None:
             relu = tl.maximum(product.to(tl.float32), 0)
             tl.store(out_ptr + tile, product)
         tl.store(h_ptr + tile, (relu * relu).to(product.dtype))
-
-    # How each kernel is launched, for building a setting before a launch: the types of its
-    # arguments (pointers 16-byte aligned and ":16" integers multiples of 16, as at the real
-    # shapes), and the constants of each variant that a run launches, at the reference shapes.
-    KERNEL_LAUNCHES = dict(
-        head=(softcapped_cross_entropy_kernel,
-              dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32", scale="fp32",
-                   num_columns="i32", softcap="fp32", BLOCK="i32"),
-              [dict(num_columns=50304, softcap=15.0)]),
-        mlp=(relu_square_matmul_kernel,
-             dict(a_ptr="*bf16", b_ptr="*bf16", pre_ptr="*bf16", out_ptr="*bf16", h_ptr="*bf16",
-                  M="i32:16", N="i32", K="i32", stride_bk="i32:16", stride_bn="i32:16",
-                  BACKWARD="i1", OPERAND="i32", BLOCK_M="i32", BLOCK_N="i32", BLOCK_K="i32",
-                  GROUP_M="i32"),
-             [dict(N=3072, K=768, BACKWARD=False, OPERAND=tl.bfloat16, stride_bk=1),  # x w_fc^T
-              dict(N=3072, K=768, BACKWARD=True, OPERAND=tl.bfloat16, stride_bn=1)]))  # g w_proj
-
 
 if __name__ == "__main__":
     try:

@@ -80,7 +80,8 @@ def main():
     args = parser.parse_args()
     script = load_script(args.script)
     try:  # a kernel that no longer computes its recipe function would be timed for nothing
-        script.check_kernels(script.Hyperparameters.softcap, VOCAB)
+        script.use_kernels(script.GPT(50257, num_layers=1, num_heads=1, model_dim=64),
+                           torch.device("cpu"))
     except script.UserError as error:
         sys.exit(f"error: {error}")
     if not torch.cuda.is_available():
@@ -96,10 +97,10 @@ def main():
     targets = torch.randint(0, 50257, (TOKENS,), device="cuda", generator=generator)
     w_fc, w_proj = randn(4 * DIM, DIM, scale=DIM ** -0.5), randn(DIM, 4 * DIM, scale=0.02)
     softcap = script.Hyperparameters.softcap
-    cases = [("head", script.head_loss, script.HeadLoss.apply, [x, head], [targets, softcap],
+    cases = [("head", script.head_loss, script.HeadLoss, [x, head], [targets, softcap],
               HEAD_SWEEP),
-             ("mlp", script.relu_square_mlp, script.ReluSquareMLP.apply, [x, w_fc, w_proj],
-              [], MLP_SWEEP)]
+             ("mlp", script.relu_square_mlp, script.ReluSquareMLP, [x, w_fc, w_proj], [],
+              MLP_SWEEP)]
     results = []
 
     def record(**row):  # each row as it comes: a crash or a timeout keeps the rows before it
@@ -117,20 +118,18 @@ def main():
         ms, mib = time_ms(torch.compile(reference), inputs, extra, args.repeats)
         record(part=name, version="compiled pure torch", ms=ms, peak_mib=mib)
         settings = script.KERNEL_SETTINGS[name]
-        index = script.launch_setting(name, x.device)  # None: none fits this GPU
+        index = script.first_fitting_setting(name, x.device)  # None: none fits this GPU
         chosen = None if index is None else settings[index]
         for candidate in (sweep if args.sweep else [chosen] if chosen else []):
             script.KERNEL_SETTINGS[name] = [candidate]  # the only one, forced
-            script.LAUNCH_SETTINGS.clear()
             try:
-                ms, mib = time_ms(fused, inputs, extra, args.repeats)
+                ms, mib = time_ms(script.Kernel(fused, name, 0), inputs, extra, args.repeats)
             except (OutOfResources, ValueError) as error:  # more than the GPU has
                 print(f"{name:<6}{'-':>9}{'-':>10}  kernel {candidate}: {error}", flush=True)
                 continue
             mark = " (the file's)" if candidate == chosen else ""
             record(part=name, version=f"kernel {candidate}{mark}", ms=ms, peak_mib=mib)
         script.KERNEL_SETTINGS[name] = settings
-        script.LAUNCH_SETTINGS.clear()
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 compiler and ptxas, on any machine, and print what each target would run as one JSON line.
 
 For each target: its GPUs, its shared memory per block (max_shared: the opt-in maximum that
-Triton's driver reports on such a GPU), and for each kernel:
-- takes: what the script's dispatch (kernel_for) hands the model at the reference shapes, the
-  kernel or the recipe's torch function, with the GPU's driver stood in for by the target;
-- setting: the index of the launch setting that the script chose (None where none fits);
-- builds: for that setting, each variant a run launches: its shared memory, whether the matrix
+torch reports on such a GPU), and
+- takes: what train_gpt.use_kernels gives a model of the reference widths there, "kernel" or
+  "recipe" for the head and the MLP, with the GPU's properties stood in for;
+- builds: the launch setting each kernel takes there (and, on sm_86 and sm_90, the smaller MLP
+  settings that tests/test_gpu.py forces), each variant a run launches: the shared memory of
+  the build beside the need that train_gpt.shared_memory works out for it, whether the matrix
   product runs on Hopper's tensor-core instruction (wgmma), the stages of its pipeline of
   copies, and the bytes of local memory (spills and stack) that ptxas reports.
 The interpreter runs a kernel's Python; only the compiler shows what a GPU build holds. Run
@@ -17,12 +18,15 @@ import re
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt  # noqa: E402
@@ -31,7 +35,40 @@ import train_gpt  # noqa: E402
 TARGETS = {80: ("A100", 166_912), 86: ("RTX 3090, A10, A40, RTX A6000", 101_376),
            89: ("RTX 4090, L4, L40S, RTX 6000 Ada", 101_376), 90: ("H100, H200", 232_448),
            100: ("B200", 232_448), 120: ("RTX 5090, RTX PRO 6000", 101_376)}
-TOKENS, DIM, VOCAB = 65536, 768, 50304  # one micro-batch of the reference model
+# Settings of the MLP kernel within the 99 KB per block of sm_86, sm_89 and sm_120, which
+# tests/test_gpu.py forces on the GPU at hand: 3 stages, or tiles of 128 columns.
+SMALLER_MLP_SETTINGS = {
+    "3-stages": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+    "128-columns": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8,
+                        num_stages=4)}
+# How a run launches each kernel at the reference shapes: the types of its arguments (pointers
+# 16-byte aligned, ":16" integers multiples of 16) and the constants of each variant.
+LAUNCHES = dict(
+    head=(train_gpt.softcapped_cross_entropy_kernel,
+          dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32", scale="fp32",
+               num_columns="i32", softcap="fp32", BLOCK="i32"),
+          dict(forward=dict(num_columns=50304, softcap=15.0))),
+    mlp=(train_gpt.relu_square_matmul_kernel,
+         dict(a_ptr="*bf16", b_ptr="*bf16", pre_ptr="*bf16", out_ptr="*bf16", h_ptr="*bf16",
+              M="i32:16", N="i32", K="i32", stride_bk="i32:16", stride_bn="i32:16",
+              BACKWARD="i1", OPERAND="i32", BLOCK_M="i32", BLOCK_N="i32", BLOCK_K="i32",
+              GROUP_M="i32"),
+         dict(forward=dict(N=3072, K=768, BACKWARD=False, OPERAND=tl.bfloat16, stride_bk=1),
+              backward=dict(N=3072, K=768, BACKWARD=True, OPERAND=tl.bfloat16, stride_bn=1))))
+
+
+def build(kernel, setting, variant, target):
+    """Triton's build of `kernel` with a launch `setting` for `target`, as a run launches it."""
+    fn, types_, variants = LAUNCHES[kernel]
+    assert list(types_) == fn.arg_names, f"LAUNCHES[{kernel!r}] is not {fn.__name__}'s signature"
+    options = {name: setting[name] for name in ("num_warps", "num_stages") if name in setting}
+    constants = variants[variant] | {k: v for k, v in setting.items() if k not in options}
+    source = ASTSource(fn=fn, constexprs=constants, signature={
+        name: "constexpr" if name in constants else kind.removesuffix(":16")
+        for name, kind in types_.items()}, attrs={
+        (i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(types_.items())
+        if name not in constants and (kind.startswith("*") or kind.endswith(":16"))})
+    return triton.compile(source, target=target, options=options)
 
 
 def local_memory(ptx, capability):
@@ -47,42 +84,47 @@ def local_memory(ptx, capability):
     return int(stack) + int(spills)
 
 
-def dispatch(target, max_shared):
-    """What kernel_for hands a GPU of `target` at the reference shapes, per kernel: "kernel" or
-    "recipe"."""
-    train_gpt.gpu_target = lambda device: (target, max_shared)
-    train_gpt.LAUNCH_SETTINGS.clear()
-    with FakeTensorMode():  # CUDA tensors with shapes and no memory, on a machine without a GPU
-        x, w_fc, w_proj, head = (torch.empty(*shape, device="cuda", dtype=torch.bfloat16)
-                                 for shape in [(TOKENS, DIM), (4 * DIM, DIM), (DIM, 4 * DIM),
-                                               (VOCAB, DIM)])
-        targets = torch.empty(TOKENS, device="cuda", dtype=torch.int64)
-        chosen = dict(head=train_gpt.kernel_for(train_gpt.head_loss, x, head, targets, 15.0),
-                      mlp=train_gpt.kernel_for(train_gpt.relu_square_mlp, x, w_fc, w_proj))
-    recipes = dict(head=train_gpt.head_loss, mlp=train_gpt.relu_square_mlp)
-    return {kernel: "recipe" if fn is recipes[kernel] else "kernel"
-            for kernel, fn in chosen.items()}
+def takes(model, capability, max_shared):
+    """What use_kernels gives `model` on a GPU of `capability`: ({kernel: "kernel" or "recipe"},
+    {kernel: the index of its setting})."""
+    model.head_loss = train_gpt.head_loss
+    for block in model.blocks:
+        block.mlp.relu_square_mlp = train_gpt.relu_square_mlp
+    gpu = types.SimpleNamespace(major=capability // 10, shared_memory_per_block_optin=max_shared)
+    torch.cuda.get_device_properties = lambda device: gpu
+    train_gpt.use_kernels(model, torch.device("cuda", 0))
+    chosen = dict(head=model.head_loss, mlp=model.blocks[0].mlp.relu_square_mlp)
+    return ({kernel: "kernel" if isinstance(fn, train_gpt.Kernel) else "recipe"
+             for kernel, fn in chosen.items()},
+            {kernel: fn.setting for kernel, fn in chosen.items()
+             if isinstance(fn, train_gpt.Kernel)})
 
 
 def main():
+    # the reference widths and head, one layer, its embeddings in bf16 as on a GPU
+    model = train_gpt.GPT(50257, num_layers=1, num_heads=6, model_dim=768, max_seq_len=128,
+                          embed_dtype=torch.bfloat16)
     results = {}
     for capability, (gpus, max_shared) in TARGETS.items():
         target = GPUTarget("cuda", capability, 32)
-        takes = dispatch(target, max_shared)
-        results[capability] = dict(gpus=gpus, max_shared=max_shared, kernels={})
-        for kernel, (_, _, variants) in train_gpt.KERNEL_LAUNCHES.items():
-            index = train_gpt.LAUNCH_SETTINGS[kernel, torch.device("cuda", 0)]
-            builds = []
-            for variant in [] if index is None else variants:
-                setting = train_gpt.KERNEL_SETTINGS[kernel][index]
-                compiled = train_gpt.compile_for(kernel, setting, variant, target)
+        took, settings = takes(model, capability, max_shared)
+        checked = [(kernel, train_gpt.KERNEL_SETTINGS[kernel][index], True)
+                   for kernel, index in settings.items()]
+        if capability in (86, 90):
+            checked += [("mlp", setting, False) for setting in SMALLER_MLP_SETTINGS.values()]
+        builds = []
+        for kernel, setting, chosen in checked:
+            for variant in LAUNCHES[kernel][2] if chosen else ["forward"]:
+                compiled = build(kernel, setting, variant, target)
                 ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
                 buffers = re.findall(r"!ttg.memdesc<(\d+)x\d+x\d+xbf16", ttgir)
-                builds.append(dict(shared_bytes=compiled.metadata.shared, wgmma="wgmma" in ptx,
-                                   stages=max(map(int, buffers), default=1),
-                                   local_bytes=local_memory(ptx, capability)))
-            results[capability]["kernels"][kernel] = dict(
-                takes=takes[kernel], setting=index, builds=builds)
+                builds.append(dict(
+                    kernel=kernel, setting=setting, chosen=chosen, variant=variant,
+                    shared_bytes=compiled.metadata.shared,
+                    need=train_gpt.shared_memory(kernel, setting, capability // 10),
+                    wgmma="wgmma" in ptx, stages=max(map(int, buffers), default=1),
+                    local_bytes=local_memory(ptx, capability)))
+        results[capability] = dict(gpus=gpus, max_shared=max_shared, takes=took, builds=builds)
     print(json.dumps(results))
 
 

@@ -56,9 +56,9 @@ def straight_two_ranks(tmp_path_factory):
 
 
 def test_resume_continues_exactly(straight, tmp_path):
-    """Also with warm-up steps before the restore, and checkpoints every 4 then at the end."""
+    """Also with compile steps before the restore, and checkpoints every 4 then at the end."""
     main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3)}",
-                "--warmup_steps=2", "--checkpoint_every=4", "--save_checkpoint"])
+                "--compile_steps=2", "--checkpoint_every=4", "--save_checkpoint"])
     assert [Path(p).name for p in checkpoints_in(str(checkpoint(tmp_path, 6).parent))] == [
         "state_step000004.pt", "state_step000006.pt"]
     assert_same_state(checkpoint(straight, 6), checkpoint(tmp_path, 6))

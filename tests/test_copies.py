@@ -18,6 +18,7 @@ import train_gpt
 from test_model import block_mask_to_dense, random_documents
 from test_kernels import (DEVICE, needs_triton, randn, relative_error,
                           softcapped_cross_entropy_in_fp64)
+from test_training import TINY
 
 TRAIN_GPT = Path(__file__).resolve().parent.parent / "train_gpt.py"
 # The reference model's head and a small model: the kernels' dispatch is the GPU run's.
@@ -64,29 +65,36 @@ CAP_30 = ("logits = softcap * torch.tanh(logits / softcap)",
           "logits = 30 * torch.tanh(logits / 30)")
 
 
-@pytest.mark.parametrize("edit, recipe", [(GELU, "relu_square_mlp"),
-                                          (LABEL_SMOOTHING, "head_loss"), (Z_LOSS, "head_loss"),
-                                          (CAP_30, "head_loss")],
-                         ids=["gelu", "label-smoothing", "z-loss", "cap-written-in"])
-def test_an_edited_recipe_function_stops_the_gpu_path_in_one_line(edit, recipe, copies):
-    attempt = copies("attempt", edit)
-    args = attempt.parse_args(SMALL_ARGS)
+def refusal(attempt, args):
+    """The one line that stops the copy's GPU path before it trains."""
     with pytest.raises(attempt.UserError) as stopped:
         attempt.build_model(args, torch.device("cpu"), gpu_path=True)
     message = str(stopped.value)
-    assert "\n" not in message
-    assert message.startswith(f"attempt.py: {recipe} is not the code that ")
-    assert "--kernels=false" in message
+    assert "\n" not in message and "--kernels=false" in message
+    return message
+
+
+@pytest.mark.parametrize("edit, kernel, recipe", [
+    (GELU, "mlp", "relu_square_mlp"), (LABEL_SMOOTHING, "head", "head_loss"),
+    (Z_LOSS, "head", "head_loss"), (CAP_30, "head", "head_loss")],
+    ids=["gelu", "label-smoothing", "z-loss", "cap-written-in"])
+def test_an_edited_recipe_function_stops_the_gpu_path_in_one_line(edit, kernel, recipe, copies):
+    attempt = copies("attempt", edit)
+    args = attempt.parse_args(SMALL_ARGS)
+    message = refusal(attempt, args)
+    assert message.startswith(f"attempt.py: {recipe} is not the code that the {kernel} kernel "
+                              f"computes")
     # the fix it names: the kernel made to compute the new code, and its fingerprint
-    found = message.split(f'KERNEL_RECIPES["{recipe}"] = "')[1].rstrip('"')
+    found = message.split(f'KERNEL_RECIPES["{kernel}"] = "')[1].rstrip('"')
     assert found == attempt.recipe_fingerprint(getattr(attempt, recipe))
-    assert found != train_gpt.KERNEL_RECIPES[recipe]
-    fixed = copies("fixed", edit, (f'{recipe}="{train_gpt.KERNEL_RECIPES[recipe]}"',
-                                   f'{recipe}="{found}"'))
+    assert found != train_gpt.KERNEL_RECIPES[kernel]
+    fixed = copies("fixed", edit, (f'{kernel}="{train_gpt.KERNEL_RECIPES[kernel]}"',
+                                   f'{kernel}="{found}"'))
     fixed.build_model(args, torch.device("cpu"), gpu_path=True)
     # the other way out: the recipe's torch code on the GPU, which trains the edit
     model, _, _ = attempt.build_model(args, torch.device("cpu"), gpu_path=False)
-    assert not model.kernels
+    assert model.head_loss is attempt.head_loss
+    assert model.blocks[0].mlp.relu_square_mlp is attempt.relu_square_mlp
 
 
 ACTIVATION = [("def relu_square_mlp(",
@@ -97,22 +105,65 @@ Z_WEIGHT = [("def head_loss(", "Z_WEIGHT = 1e-4\n\n\ndef head_loss("),
             (Z_LOSS[0], Z_LOSS[1].replace("1e-4", "Z_WEIGHT"))]
 
 
-@pytest.mark.parametrize("name, edits, recipe, later", [
-    ("activation", ACTIVATION, "relu_square_mlp", ("F.relu(h).square()", "F.gelu(h)")),
-    ("z_weight", Z_WEIGHT, "head_loss", ("Z_WEIGHT = 1e-4", "Z_WEIGHT = 1e-3"))])
+@pytest.mark.parametrize("name, edits, kernel, later", [
+    ("activation", ACTIVATION, "mlp", ("F.relu(h).square()", "F.gelu(h)")),
+    ("z_weight", Z_WEIGHT, "head", ("Z_WEIGHT = 1e-4", "Z_WEIGHT = 1e-3"))])
 def test_an_edit_of_a_function_or_constant_that_a_recipe_function_names_stops_it_too(
-        name, edits, recipe, later, copies):
+        name, edits, kernel, later, copies):
     """A recipe function written with a helper of the file, whose kernel was made to compute it
     (its fingerprint set), then the helper alone edited."""
     args = train_gpt.parse_args(SMALL_ARGS)
     written = copies(f"{name}_written", *edits)
-    fingerprint = written.recipe_fingerprint(getattr(written, recipe))
-    kernel_made = (f'{recipe}="{train_gpt.KERNEL_RECIPES[recipe]}"', f'{recipe}="{fingerprint}"')
+    fingerprint = written.recipe_fingerprint(
+        written.head_loss if kernel == "head" else written.relu_square_mlp)
+    kernel_made = (f'{kernel}="{train_gpt.KERNEL_RECIPES[kernel]}"', f'{kernel}="{fingerprint}"')
     copies(f"{name}_kernel_made", *edits, kernel_made).build_model(
         args, torch.device("cpu"), gpu_path=True)
     edited = copies(f"{name}_edited", *edits, kernel_made, later)
-    with pytest.raises(edited.UserError, match=f"^{name}_edited.py: {recipe} is not the code "):
-        edited.build_model(args, torch.device("cpu"), gpu_path=True)
+    assert refusal(edited, args).startswith(f"{name}_edited.py: ")
+
+
+# Edits a record attempt makes every day, each of which once ended the GPU's path in a
+# traceback (a KeyError, a NameError or a TypeError) where the CPU's trained.
+RENAMED = [("def relu_square_mlp(x, w_fc, w_proj):", "def squared_relu_mlp(x, w_fc, w_proj):"),
+           ("self.relu_square_mlp = relu_square_mlp", "self.relu_square_mlp = squared_relu_mlp")]
+LAMBDA = [("def relu_square_mlp(", "ACTIVATION = lambda h: F.relu(h).square()  # noqa: E731"
+                                   "\n\n\ndef relu_square_mlp("),
+          ("F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+           "F.linear(ACTIVATION(F.linear(x, w_fc)), w_proj)")]
+DECORATED = [("def head_loss(", "def traced(fn):\n    def wrapper(*args):\n        return fn(*args)"
+                                "\n    return wrapper\n\n\n@traced\ndef head_loss(")]
+
+
+@pytest.mark.parametrize("edits, named", [(RENAMED, "squared_relu_mlp"),
+                                          (LAMBDA, "relu_square_mlp"), (DECORATED, "wrapper")],
+                         ids=["renamed", "lambda-helper", "decorator-without-wraps"])
+def test_an_ordinary_edit_stops_the_gpu_path_in_one_line_naming_the_function(edits, named,
+                                                                             copies):
+    attempt = copies("attempt", *edits)
+    args = attempt.parse_args(SMALL_ARGS)
+    model, _, _ = attempt.build_model(args, torch.device("cpu"), gpu_path=False)
+    model(torch.arange(256) % 50257, torch.arange(1, 257) % 50257, torch.tensor(1))  # CPU: trains
+    assert refusal(attempt, args).startswith(f"attempt.py: {named} is not the code that the ")
+
+
+def test_an_mlp_that_calls_a_new_function_runs_the_edit_on_the_gpu_path(copies):
+    """The kernel replaces the function the model holds; a forward that calls another function
+    computes that one, on either path."""
+    attempt = copies("attempt", ("return self.relu_square_mlp(x[0],", "return gelu_mlp(x[0],"),
+                     ("def relu_square_mlp(", "def gelu_mlp(x, w_fc, w_proj):\n    return "
+                      "F.linear(F.gelu(F.linear(x, w_fc)), w_proj)\n\n\ndef relu_square_mlp("))
+    torch.manual_seed(0)
+    model = attempt.GPT(**SMALL)
+    torch.nn.init.normal_(model.blocks[0].mlp.c_proj.weight, std=0.05)
+    attempt.use_kernels(model, torch.device("cpu"))
+    mlp = model.blocks[0].mlp
+    x = randn(1, 256, 128, seed=6).float().cpu()
+    expected = torch.nn.functional.linear(torch.nn.functional.gelu(
+        x[0] @ mlp.c_fc.weight.T), mlp.c_proj.weight)
+    assert torch.allclose(mlp(x)[0], expected, atol=1e-5)
+    assert not torch.allclose(expected, train_gpt.relu_square_mlp(
+        x[0], mlp.c_fc.weight, mlp.c_proj.weight), atol=1e-3)
 
 
 def test_the_unedited_file_and_edits_of_words_alone_take_the_kernels(copies):
@@ -124,10 +175,13 @@ def test_the_unedited_file_and_edits_of_words_alone_take_the_kernels(copies):
          "return F.linear(F.relu(F.linear(x,\n"
          "                                 w_fc)).square(), w_proj)"))
     for module in (train_gpt, reworded):
-        model = module.GPT(**SMALL, kernels=True)
-        assert model.kernels and model.blocks[0].mlp.kernel
+        model = module.GPT(**SMALL)
+        module.use_kernels(model, torch.device("cpu"))
+        kernels = module.triton is not None  # without Triton the recipe's functions stay
+        assert isinstance(model.head_loss, module.Kernel) == kernels
+        assert isinstance(model.blocks[0].mlp.relu_square_mlp, module.Kernel) == kernels
     assert reworded.recipe_fingerprint(reworded.relu_square_mlp) == \
-        train_gpt.KERNEL_RECIPES["relu_square_mlp"]
+        train_gpt.KERNEL_RECIPES["mlp"]
 
 
 @needs_triton
@@ -138,7 +192,7 @@ def test_the_soft_cap_reaches_the_kernel_as_it_reaches_the_recipe(softcap):
     x, weight = randn(32, 64, seed=0), randn(5000, 64, scale=0.6, seed=1)
     targets = torch.randint(0, 5000, (32,), generator=torch.Generator().manual_seed(2))
     targets = targets.to(DEVICE)
-    kernel = train_gpt.HeadLoss.apply(x, weight, targets, softcap).item()
+    kernel = train_gpt.HeadLoss.apply(x, weight, targets, softcap, 0).item()
     recipe = softcapped_cross_entropy_in_fp64(x, weight, targets, softcap)[0].item()
     at_15 = softcapped_cross_entropy_in_fp64(x, weight, targets, 15.0)[0].item()
     assert abs(kernel - recipe) < 1e-6 * recipe
@@ -146,7 +200,7 @@ def test_the_soft_cap_reaches_the_kernel_as_it_reaches_the_recipe(softcap):
     args = train_gpt.parse_args([f"--softcap={softcap:g}", *SMALL_ARGS])
     assert args.softcap == softcap
     model, _, _ = train_gpt.build_model(args, torch.device("cpu"), gpu_path=True)
-    assert model.softcap == softcap and model.kernels
+    assert model.softcap == softcap and isinstance(model.head_loss, train_gpt.Kernel)
 
 
 def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(copies):
@@ -154,8 +208,8 @@ def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(co
     fits in fp32, 50,304 e^78 does not. The recipe's torch code has no such limit."""
     with pytest.raises(train_gpt.UserError, match=r"^--softcap=78.0: the head kernel sums "
                        r"exp\(logit\) over 50304 columns in fp32, which holds caps up to 77; "):
-        train_gpt.GPT(**SMALL, softcap=78.0, kernels=True)
-    train_gpt.GPT(**SMALL, softcap=77.0, kernels=True)
+        train_gpt.use_kernels(train_gpt.GPT(**SMALL, softcap=78.0), torch.device("cpu"))
+    train_gpt.use_kernels(train_gpt.GPT(**SMALL, softcap=77.0), torch.device("cpu"))
     assert 50304 * math.exp(77) < torch.finfo(torch.float32).max < 50304 * math.exp(78)
     generator = torch.Generator().manual_seed(0)  # logits of about 100, some of several hundred
     x, weight = torch.randn(64, 32, generator=generator), torch.randn(1000, 32, generator=generator)
@@ -165,6 +219,26 @@ def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(co
     assert uncapped > 100 and recipe == pytest.approx(uncapped, rel=1e-3)
 
 
+def test_a_refused_configuration_leaves_no_log_so_the_suggested_rerun_may_take_its_run_id(
+        copies, tmp_path, monkeypatch):
+    """Under torchrun's --rdzv-id, a run id with a log is taken: the kernels' refusal must come
+    before the log, or the rerun with --kernels=false that it suggests is refused in turn."""
+    attempt = copies("attempt", GELU)
+    build_model = attempt.build_model
+    monkeypatch.setattr(attempt, "build_model",
+                        lambda args, device: build_model(args, device, gpu_path=True))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "attempt-1")
+    logs = tmp_path / "logs"
+    argv = [a.replace("--num_layers=2", "--num_layers=1") for a in TINY] + [
+        f"--log_dir={logs}", "--num_iterations=1", "--val_every=0"]
+    with pytest.raises(attempt.UserError, match="--kernels=false"):
+        attempt.main(argv)
+    assert not logs.exists()
+    monkeypatch.setattr(attempt, "build_model", build_model)  # the CPU's path: no compiling here
+    assert list(attempt.main(argv + ["--kernels=false"])) == [1]
+    assert (logs / "attempt-1.txt").exists()
+
+
 @needs_triton
 def test_the_kernel_at_the_largest_cap_it_takes_stays_finite():
     """Every logit far past the cap of 77, so each term of a row's sum is e^77 and the loss is
@@ -172,9 +246,13 @@ def test_the_kernel_at_the_largest_cap_it_takes_stays_finite():
     x = torch.ones(4, 64, dtype=torch.bfloat16, device=DEVICE)
     weight = torch.full((50304, 64), 100.0, dtype=torch.bfloat16, device=DEVICE)  # logits: 6,400
     targets = torch.arange(4, device=DEVICE)
-    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, targets, 77.0)
+    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, targets, 77.0, 0)
     assert loss.item() == pytest.approx(math.log(50304), abs=1e-5)
     assert grad_logits.abs().max() == 0
+
+
+PLUS_ONE = ("tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)",
+            "tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target + 1)")
 
 
 @needs_triton
@@ -184,15 +262,45 @@ def test_two_copies_in_one_process_keep_their_own_kernels(copies):
     x, weight = randn(8, 64, seed=3), randn(5000, 64, scale=0.5, seed=4)
     targets = torch.randint(0, 5000, (8,), generator=torch.Generator().manual_seed(5))
     targets = targets.to(DEVICE)
-    before = train_gpt.HeadLoss.apply(x, weight, targets, 15.0).item()
-    attempt = copies("attempt", ("tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)",
-                                 "tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target "
-                                 "+ 1)"))
+    before = train_gpt.HeadLoss.apply(x, weight, targets, 15.0, 0).item()
+    attempt = copies("attempt", PLUS_ONE)
     assert attempt.OPS != train_gpt.OPS
-    assert train_gpt.HeadLoss.apply(x, weight, targets, 15.0).item() == before
-    assert attempt.HeadLoss.apply(x, weight, targets, 15.0).item() == pytest.approx(before + 1)
-    assert torch.compile(train_gpt.HeadLoss.apply)(x, weight, targets, 15.0).item() == \
+    assert train_gpt.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == before
+    assert attempt.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == pytest.approx(before + 1)
+    assert torch.compile(train_gpt.HeadLoss.apply)(x, weight, targets, 15.0, 0).item() == \
         pytest.approx(before, rel=1e-6)
+
+
+@needs_triton
+def test_two_copies_of_one_name_in_two_folders_keep_their_own_kernels(tmp_path):
+    """attempt.py in two folders, as two record attempts side by side: one name, two ops."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    x, weight = randn(8, 64, seed=3), randn(5000, 64, scale=0.5, seed=4)
+    targets = torch.randint(0, 5000, (8,), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    try:
+        first = load_copy(tmp_path / "a", "attempt")
+        second = load_copy(tmp_path / "b", "attempt", PLUS_ONE)
+        assert first.OPS != second.OPS
+        loss = first.HeadLoss.apply(x, weight, targets, 15.0, 0).item()
+        assert second.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == \
+            pytest.approx(loss + 1)
+        assert first.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == loss
+    finally:
+        sys.modules.pop("attempt", None)
+
+
+@needs_triton
+def test_a_kernel_that_does_not_compile_stops_with_tritons_own_error(copies):
+    """An edited kernel with a typo is not a silent fall back to the recipe: the run stops with
+    the error of Triton's compiler (here, its interpreter's)."""
+    attempt = copies("attempt", ("acc = tl.dot(a, b.to(OPERAND), acc)",
+                                 "acc = tl.dott(a, b.to(OPERAND), acc)"))
+    model = attempt.GPT(**SMALL)
+    attempt.use_kernels(model, torch.device("cpu"))
+    assert isinstance(model.blocks[0].mlp.relu_square_mlp, attempt.Kernel)
+    with pytest.raises(Exception, match="dott"):
+        model.blocks[0].mlp(randn(1, 128, 128, seed=1).float())
 
 
 NO_DOCUMENTS = ("return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)",
@@ -227,14 +335,15 @@ def test_a_narrower_mlp_takes_the_kernel_where_its_tiles_divide_and_the_recipe_e
                                  "self.c_fc = CastedLinear(dim, 3 * dim)"),
                      ("self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)",
                       "self.c_proj = CastedLinear(3 * dim, dim, zero_init=True)"))
-    for dim, kernel in [(256, attempt.ReluSquareMLP.apply), (128, attempt.relu_square_mlp)]:
+    for dim, kernel in [(256, True), (128, False)]:
         torch.manual_seed(0)
-        mlp = attempt.MLP(dim, kernel=True)
+        model = attempt.GPT(**dict(SMALL, model_dim=dim))
+        mlp = model.blocks[0].mlp
         torch.nn.init.normal_(mlp.c_proj.weight, std=dim ** -0.5)
-        mlp.to(DEVICE)
+        attempt.use_kernels(model.to(DEVICE), torch.device(DEVICE))
+        assert mlp.c_fc.weight.shape == (3 * dim, dim)
+        assert isinstance(mlp.relu_square_mlp, attempt.Kernel) == kernel, dim
         x = randn(1, 128, dim, seed=6)
         args = (x[0], mlp.c_fc.weight.type_as(x), mlp.c_proj.weight.type_as(x))
-        assert mlp.c_fc.weight.shape == (3 * dim, dim)
-        assert attempt.kernel_for(attempt.relu_square_mlp, *args) == kernel
         expected = attempt.relu_square_mlp(*(t.double() for t in args))
         assert relative_error(mlp(x)[0], expected) < 1e-2, dim

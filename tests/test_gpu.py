@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import train_gpt
+from kernels_for_gpus import SMALLER_MLP_SETTINGS
 from test_kernels import relative_error
 from test_model import perturbed, random_documents
 from test_muon import with_singular_values
-from train_gpt import (GPT, DistributedDataLoader, Muon, build_block_mask,
+from train_gpt import (GPT, DistributedDataLoader, Kernel, Muon, build_block_mask,
                        build_model, build_optimizers, dense_attention_mask, evaluate, main,
-                       optimizer_step, train_step, zeropower_via_newtonschulz5)
+                       optimizer_step, train_step, use_kernels, zeropower_via_newtonschulz5)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU; the CPU tests cover the fp32 path")
@@ -60,7 +61,10 @@ def test_compiled_bf16_model_matches_fp32_eager():
     reference = perturbed(GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256,
                               max_seq_len=4096), scale=0.5)
     model = GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256, max_seq_len=4096,
-                embed_dtype=torch.bfloat16, kernels=True).cuda()
+                embed_dtype=torch.bfloat16).cuda()
+    use_kernels(model, torch.device("cuda"))
+    assert isinstance(model.head_loss, Kernel)
+    assert isinstance(model.blocks[0].mlp.relu_square_mlp, Kernel)
     model.load_state_dict(reference.state_dict())
     rng = np.random.default_rng(1)
     tokens = torch.tensor(np.where(rng.random(4097) < 0.0005, 50256,
@@ -102,8 +106,9 @@ def test_no_recompile_after_the_first_validation():
 
 
 def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
-    """From the third step on, any host-device synchronisation raises, until validation."""
-    original_step, calls = train_gpt.train_step, []
+    """From the third step on, any host-device synchronisation raises, until validation. Each
+    step's line is read once the next step is queued. The log says that both kernels ran."""
+    original_step, calls, events = train_gpt.train_step, [], []
 
     def train_step_watched(*args):
         calls.append(None)
@@ -116,34 +121,43 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
             return super().paused()
 
-    class Readout(train_gpt.StepReadout):
-        def push(self, step, loss, signalled):  # each step is read once the next is queued
-            report = super().push(step, loss, signalled)
-            read.append((step, report and report[0]))
-            return report
+    queue_for_host, log_train_line = train_gpt.queue_for_host, train_gpt.log_train_line
 
-    read = []
+    def queued(step, *args):
+        events.append(("queued", step))
+        return queue_for_host(step, *args)
+
+    def logged(log, queued, *args):
+        events.append(("read", queued[0]))
+        return log_train_line(log, queued, *args)
+
     monkeypatch.setattr(train_gpt, "train_step", train_step_watched)
     monkeypatch.setattr(train_gpt, "TrainClock", Clock)
-    monkeypatch.setattr(train_gpt, "StepReadout", Readout)
+    monkeypatch.setattr(train_gpt, "queue_for_host", queued)
+    monkeypatch.setattr(train_gpt, "log_train_line", logged)
     try:
-        main(SMALL + ["--num_iterations=10", "--val_every=0", "--warmup_steps=0",
+        main(SMALL + ["--num_iterations=10", "--val_every=0", "--compile_steps=0",
                       f"--log_dir={tmp_path}"])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(calls) == 10
-    assert read == [(1, None)] + [(step, step - 1) for step in range(2, 11)]
+    # step s's line is read after step s + 1 is queued; the last one's before the validation
+    assert events == [("queued", 1)] + [event for step in range(2, 11) for event in
+                                        (("queued", step), ("read", step - 1))] + [("read", 10)]
+    text = next(tmp_path.glob("*.txt")).read_text()
+    assert "the head's loss runs as HeadLoss (Triton, " in text
+    assert "the MLPs as ReluSquareMLP (Triton, " in text
 
 
-def peak_memory_mib(tmp_path, warmup_steps):
+def peak_memory_mib(tmp_path, compile_steps):
     command = [sys.executable, str(ROOT / "train_gpt.py"), *SMALL, "--num_iterations=12",
-               "--val_every=0", f"--warmup_steps={warmup_steps}", f"--log_dir={tmp_path}"]
+               "--val_every=0", f"--compile_steps={compile_steps}", f"--log_dir={tmp_path}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return int(re.search(r"peak memory consumption: (\d+) MiB", result.stdout)[1])
 
 
-def test_warm_up_leaves_no_trace_in_peak_memory(tmp_path):
+def test_the_compile_steps_leave_no_trace_in_peak_memory(tmp_path):
     """The snapshot of the initial state waits in host memory, not beside the weights."""
     cold, warm = peak_memory_mib(tmp_path, 0), peak_memory_mib(tmp_path, 10)
     assert abs(warm - cold) <= 0.01 * cold, (cold, warm)
@@ -274,7 +288,7 @@ def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_g
         loss += part.detach()
         grads[0][rows] += leaves[0].grad
         grads[1] += leaves[1].grad
-    fns = {"fused": lambda *xw: train_gpt.HeadLoss.apply(*xw, targets, SOFTCAP),
+    fns = {"fused": lambda *xw: train_gpt.HeadLoss.apply(*xw, targets, SOFTCAP, 0),
            "compiled": torch.compile(lambda *xw: train_gpt.head_loss(*xw, targets, SOFTCAP))}
     errors = errors_against_fp32(fns, [x, weight], None, (loss, grads))
     print(errors)
@@ -291,7 +305,7 @@ def test_a_zero_head_at_the_real_shape_gives_log_vocab_and_a_uniform_gradient():
     x = F.rms_norm(torch.randn(rows, 768, device="cuda", generator=generator), (768,)).bfloat16()
     weight = torch.zeros(vocab, 768, device="cuda", dtype=torch.bfloat16)
     targets = torch.randint(0, 50257, (rows,), device="cuda", generator=generator)
-    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, targets, SOFTCAP)
+    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, targets, SOFTCAP, 0)
     assert abs(loss.item() - math.log(vocab)) < 1e-5
     at_targets = grad_logits[torch.arange(rows, device="cuda"), targets].float()
     others = grad_logits > 0  # the targets' entries are the negative ones
@@ -302,22 +316,15 @@ def test_a_zero_head_at_the_real_shape_gives_log_vocab_and_a_uniform_gradient():
         assert abs(got.item() - exact) <= 2 ** -7 * abs(exact)  # within a bf16 ulp
 
 
-# Settings of the MLP kernel within the 99 KB of shared memory per block of sm_86, sm_89 and
-# sm_120: 98,304 bytes each, as train_gpt.compile_for builds them for those targets. Forced on
-# this GPU, they join KERNEL_SETTINGS once they pass here.
-SMALLER_MLP_SETTINGS = {
-    "3-stages": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-    "128-columns": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8,
-                        num_stages=4)}
-
-
 def test_an_h100_launches_each_kernel_with_the_first_of_its_settings():
-    target, max_shared = train_gpt.gpu_target(torch.device("cuda", 0))
-    if target.arch != 90:
-        pytest.skip(f"the settings' order is the H100's; this GPU is sm_{target.arch}")
-    assert max_shared == 232_448  # 227 KiB, as Triton's driver reports an H100's
+    """The shared memory per block that torch reports, which use_kernels reads, is the figure
+    tests/kernels_for_gpus.py checks the settings' needs against."""
+    gpu = torch.cuda.get_device_properties(torch.device("cuda", 0))
+    if (gpu.major, gpu.minor) != (9, 0):
+        pytest.skip(f"the settings' order is the H100's; this GPU is sm_{gpu.major}{gpu.minor}")
+    assert gpu.shared_memory_per_block_optin == 232_448  # 227 KiB
     for kernel in train_gpt.KERNEL_SETTINGS:
-        assert train_gpt.launch_setting(kernel, torch.device("cuda", 0)) == 0, kernel
+        assert train_gpt.first_fitting_setting(kernel, torch.device("cuda", 0)) == 0, kernel
 
 
 @pytest.mark.parametrize("setting", [None, *SMALLER_MLP_SETTINGS],
@@ -327,20 +334,20 @@ def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_comp
     """With the setting this GPU chooses, and with each smaller one forced."""
     if setting is not None:
         monkeypatch.setitem(train_gpt.KERNEL_SETTINGS, "mlp", [SMALLER_MLP_SETTINGS[setting]])
-        monkeypatch.setattr(train_gpt, "LAUNCH_SETTINGS", {})
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = F.rms_norm(torch.randn(65536, 768, device="cuda", generator=generator), (768,))
     w_fc = torch.randn(3072, 768, device="cuda", generator=generator) * 768 ** -0.5
     w_proj = torch.randn(768, 3072, device="cuda", generator=generator) * 3072 ** -0.5
     grad_out = (torch.randn(65536, 768, device="cuda", generator=generator) / 65536).bfloat16()
     inputs = [t.bfloat16() for t in (x, w_fc, w_proj)]
-    assert train_gpt.kernel_for(train_gpt.relu_square_mlp, *inputs) == train_gpt.ReluSquareMLP.apply
+    index = train_gpt.first_fitting_setting("mlp", torch.device("cuda", 0))
+    assert index is not None and train_gpt.mlp_fits_tiles(65536, 768, 3072, index)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32
     leaves = [t.float().requires_grad_() for t in inputs]
     value = train_gpt.relu_square_mlp(*leaves)
     value.backward(grad_out.float())
     expected = (value.detach(), [t.grad for t in leaves])
-    fns = {"fused": train_gpt.ReluSquareMLP.apply,
+    fns = {"fused": Kernel(train_gpt.ReluSquareMLP, "mlp", index),
            "compiled": torch.compile(train_gpt.relu_square_mlp)}
     errors = errors_against_fp32(fns, inputs, grad_out, expected)
     print(errors)
@@ -359,7 +366,7 @@ def test_resume_on_the_gpu_continues_like_a_run_that_never_stopped(tmp_path):
     0.01."""
     def run(folder, *extra):
         command = [sys.executable, str(ROOT / "train_gpt.py"), *SMALL, "--num_iterations=20",
-                   "--val_every=5", "--warmup_steps=2", "--checkpoint_every=10",
+                   "--val_every=5", "--compile_steps=2", "--checkpoint_every=10",
                    "--save_checkpoint", f"--log_dir={folder}", *extra]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""Training section: command line, bad input, world-size invariance, warm-up restore, logs."""
+"""Training section: command line, bad input, world-size invariance, the undone compile steps,
+logs."""
 import dataclasses
 import datetime
 import importlib.util
@@ -26,7 +27,7 @@ SAMPLE = ROOT / "data" / "shakespeare"
 TINY = [f"--train_files={SAMPLE}/shakespeare_train_*.bin",
         f"--val_files={SAMPLE}/shakespeare_val_*.bin", "--num_layers=2", "--num_heads=1",
         "--model_dim=64", "--batch_size=512", "--micro_batch_size=256", "--val_tokens=1024",
-        "--num_iterations=4", "--val_every=2", "--warmup_steps=0"]
+        "--num_iterations=4", "--val_every=2", "--compile_steps=0"]
 
 
 def test_overrides_are_typed_by_the_field():
@@ -111,12 +112,13 @@ def test_preset_applies_first_and_overrides_win():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--num_iteration=3"], r"unknown argument '--num_iteration=3'; arguments look like "
-                            r"--name=value, where name is one of train_files, val_files, "),
+    (["--num_iteration=3"], r"^unrecognized arguments: --num_iteration=3 \(--help lists the "
+                            r"hyperparameters\)$"),
     (["--num_iterations=three"], r"argument --num_iterations: invalid int value: 'three'"),
     (["--muon_lr=fast"], r"argument --muon_lr: invalid float value: 'fast'"),
-    (["--no_attention_layers=7,x"], r"argument --no_attention_layers: invalid integers value"),
-    (["num_iterations=3"], r"unknown argument 'num_iterations=3'; arguments look like --name="),
+    (["--no_attention_layers=7,x"], r"argument --no_attention_layers: invalid "
+                                    r"comma_separated_ints value: '7,x'"),
+    (["num_iterations=3"], r"^unrecognized arguments: num_iterations=3 \(--help lists"),
     (["--preset=huge"], r"argument --preset: invalid choice: 'huge' \(choose from '?smoke"),
 ])
 def test_bad_arguments_are_clear_errors(argv, message):
@@ -193,7 +195,7 @@ SWEEP = [
     ("--scalar_lr=inf", UserError, r"--scalar_lr=inf must be a finite number"),
     ("--muon_lr=-1", UserError, r"--muon_lr=-1.0 must be a finite number"),
     ("--val_every=-1", UserError, r"--val_every=-1 must be 0 or more"),
-    ("--warmup_steps=-10", UserError, r"--warmup_steps=-10 must be 0 or more"),
+    ("--compile_steps=-10", UserError, r"--compile_steps=-10 must be 0 or more"),
     ("--seed=-1", UserError, r"--seed=-1 must be 0 or more"),
     ("--log_dir=", UserError, r"--log_dir= must name a folder"),
     ("--log_dir={tmp}/notes.txt/logs", UserError, r"logs: cannot make the folder \(Not a direc"),
@@ -211,14 +213,14 @@ SWEEP = [
      r"damaged.pt is not a readable checkpoint: its part whole/data.pkl is damaged"),
     ("--resume={tmp}/tensor.pt", UserError, r"tensor.pt is not a checkpoint of this script"),
     ("--resume={tmp}/date.pt", UserError, r"date.pt is not a readable checkpoint \(Unpickling"),
+    ("--kernels=maybe", UserError, r"--kernels: expected true or false, got 'maybe'"),
 ]
 
 
-def test_the_sweep_covers_every_limit():
-    """Every field with a limit has a value beyond it in the sweep (a field without needs none)."""
+def test_the_sweep_covers_every_field():
+    """Every hyperparameter has a value in the sweep that the script refuses."""
     swept = {argument[2:].partition("=")[0] for argument, _, _ in SWEEP}
-    limited = {name for names, _, _ in train_gpt.LIMITS for name in names}
-    assert limited <= swept and limited <= {f.name for f in dataclasses.fields(Hyperparameters)}
+    assert swept == {f.name for f in dataclasses.fields(Hyperparameters)}
 
 
 @pytest.mark.parametrize("argument, error, message", SWEEP, ids=[case[0] for case in SWEEP])
@@ -325,13 +327,13 @@ def assert_same_state(a, b):
                 assert torch.equal(value, b[part]["state"][index][key]), (part, index, key)
 
 
-def test_one_and_two_processes_train_the_same_with_or_without_warm_up(tmp_path):
+def test_one_and_two_processes_train_the_same_with_or_without_compile_steps(tmp_path):
     """The weights bit for bit: a sum of two gradients does not depend on its order. The val
     loss sums its batches in another order on two ranks ((v0 + v2) + (v1 + v3) rather than
     ((v0 + v1) + v2) + v3), so it may differ in its last bits."""
     argv = TINY + ["--save_checkpoint"]
     one, two = launch(tmp_path, "train", 1, argv), launch(tmp_path, "train", 2, argv)
-    warm = launch(tmp_path, "train", 2, argv + ["--warmup_steps=3"], name="warm")
+    warm = launch(tmp_path, "train", 2, argv + ["--compile_steps=3"], name="warm")
     assert_same_state(checkpoint(tmp_path / "train1", 4), checkpoint(tmp_path / "train2", 4))
     assert_same_state(checkpoint(tmp_path / "train2", 4), checkpoint(tmp_path / "warm", 4))
     assert list(one) == [0, 2, 4] and two == warm, (two, warm)
@@ -382,21 +384,21 @@ def test_gradients_are_averaged_over_sequences_and_ranks(tmp_path):
         assert scale > 0 and (one[name] - two[name]).abs().max() < 1e-5 * scale, name
 
 
-def test_warm_up_is_undone(tmp_path):
+def test_the_compile_steps_are_undone(tmp_path):
     cold = main(TINY + [f"--log_dir={tmp_path}"])
-    warm = main(TINY + [f"--log_dir={tmp_path}", "--warmup_steps=3"])
+    warm = main(TINY + [f"--log_dir={tmp_path}", "--compile_steps=3"])
     assert cold == warm
 
 
-def test_warm_up_is_undone_on_four_ranks_up_to_the_order_of_sums(tmp_path):
+def test_the_compile_steps_are_undone_on_four_ranks_up_to_the_order_of_sums(tmp_path):
     """From 3 ranks on, a gradient sum depends on its order, and DDP regroups its buckets after
-    its first backward, so the warm-up changes the order of the timed steps' sums. Measured:
-    9.2791 without warm-up and 9.2758 with 2 steps at step 6, each repeatable."""
+    its first backward, so the compile steps change the order of the timed steps' sums.
+    Measured: 9.2791 without them and 9.2758 with 2 at step 6, each repeatable."""
     argv = TINY + ["--num_layers=3", "--num_iterations=6"]
     (tmp_path / "cold").mkdir()
     (tmp_path / "warm").mkdir()
     cold = launch(tmp_path / "cold", "train", 4, argv)
-    warm = launch(tmp_path / "warm", "train", 4, argv + ["--warmup_steps=2"])
+    warm = launch(tmp_path / "warm", "train", 4, argv + ["--compile_steps=2"])
     assert list(cold) == list(warm) == [0, 2, 4, 6] and cold[0] == warm[0]
     for step in cold:
         assert abs(cold[step] - warm[step]) < 1e-2, (step, cold[step], warm[step])
@@ -423,16 +425,16 @@ def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
     assert re.fullmatch(r"peak memory consumption: \d+ MiB.*", lines[-1])
 
 
-def test_the_warm_up_shows_each_step_and_logs_its_time(tmp_path, capsys):
-    """Redirected output (not a terminal) gets a line per warm-up step; the log gets the total,
+def test_the_compile_steps_show_each_step_and_log_their_time(tmp_path, capsys):
+    """Redirected output (not a terminal) gets a line per compile step; the log gets the total,
     between the header and the step lines."""
-    main(TINY + [f"--log_dir={tmp_path}", "--warmup_steps=2"])
-    shown = re.findall(r"^warm-up step (\d)/2: (\d+\.\d)s$", capsys.readouterr().out, re.MULTILINE)
+    main(TINY + [f"--log_dir={tmp_path}", "--compile_steps=2"])
+    shown = re.findall(r"^compile step (\d)/2: (\d+\.\d)s$", capsys.readouterr().out, re.MULTILINE)
     assert [step for step, _ in shown] == ["1", "2"]
     (log,) = tmp_path.glob("*.txt")
     lines = log.read_text().splitlines()
-    (total,) = [line for line in lines if line.startswith("warm-up")]
-    seconds = float(re.fullmatch(r"warm-up: 2 steps in (\d+\.\d)s \(compilation\), undone",
+    (total,) = [line for line in lines if line.startswith("compile steps")]
+    seconds = float(re.fullmatch(r"compile steps: 2 in (\d+\.\d)s, untimed, then undone",
                                  total)[1])
     assert float(shown[0][1]) <= float(shown[1][1]) <= seconds + 0.1
     assert lines.index(total) + 1 == lines.index("step:0/4 val_loss:10.8258 train_time:0ms")
@@ -444,7 +446,7 @@ class Terminal(io.StringIO):
 
 
 @pytest.mark.parametrize("terminal", [True, False])
-def test_warm_up_times_the_end_of_each_step(terminal, monkeypatch, capsys):
+def test_the_compile_steps_are_timed_at_their_end(terminal, monkeypatch, capsys):
     """A step's time is taken when its result is there: a bar on a terminal, lines in a file."""
     monkeypatch.setattr(sys, "stdout", Terminal() if terminal else io.StringIO())
     logged = []
@@ -452,28 +454,29 @@ def test_warm_up_times_the_end_of_each_step(terminal, monkeypatch, capsys):
     def step_once(step):
         time.sleep(0.2)
         return torch.tensor(float(step))
-    train_gpt.warm_up(step_once, 3, logged.append, show=True)
+    train_gpt.run_compile_steps(step_once, 3, logged.append, show=True)
     out = sys.stdout.getvalue()
-    seconds = [float(t) for t in re.findall(r"warm-up step \d/3: (\d+\.\d)s", out)]
+    seconds = [float(t) for t in re.findall(r"compile step \d/3: (\d+\.\d)s", out)]
     if terminal:
-        assert seconds == [] and "warm-up (compiling): 100%" in out and "| 3/3 [" in out
+        assert seconds == [] and "compile steps (untimed): 100%" in out and "| 3/3 [" in out
     else:
         assert "%" not in out and len(seconds) == 3
         assert all(0.2 * k - 0.05 <= t < 0.2 * k + 0.5 for k, t in enumerate(seconds, 1)), seconds
     assert capsys.readouterr() == ("", "")  # standard error stays quiet
     (total,) = logged
-    assert 0.55 <= float(re.fullmatch(r"warm-up: 3 steps in (\d+\.\d)s \(compilation\), undone",
+    assert 0.55 <= float(re.fullmatch(r"compile steps: 3 in (\d+\.\d)s, untimed, then undone",
                                       total)[1]) < 1.5
 
 
-def test_warm_up_shows_nothing_on_other_ranks_and_when_there_is_none(monkeypatch, capsys):
+def test_the_compile_steps_show_nothing_on_other_ranks_and_when_there_are_none(monkeypatch,
+                                                                               capsys):
     monkeypatch.setattr(sys, "stdout", Terminal())
     logged = []
-    train_gpt.warm_up(lambda step: torch.tensor(0.0), 2, logged.append, show=False)
-    train_gpt.warm_up(lambda step: torch.tensor(0.0), 0, logged.append, show=True)
+    train_gpt.run_compile_steps(lambda step: torch.tensor(0.0), 2, logged.append, show=False)
+    train_gpt.run_compile_steps(lambda step: torch.tensor(0.0), 0, logged.append, show=True)
     assert sys.stdout.getvalue() == "" and capsys.readouterr() == ("", "")
     # the total still goes to `log`, which is a no-op on the other ranks
-    assert logged == ["warm-up: 2 steps in 0.0s (compilation), undone"]
+    assert logged == ["compile steps: 2 in 0.0s, untimed, then undone"]
 
 
 def test_step_lines_are_read_one_step_late(tmp_path, monkeypatch):
@@ -596,3 +599,24 @@ def test_a_bug_keeps_its_traceback_and_bad_input_is_one_line(tmp_path):
     assert bug.returncode == 1
     assert "Traceback (most recent call last)" in bug.stderr
     assert bug.stderr.endswith("ValueError: a bug in torch\n") and "error:" not in bug.stderr
+
+
+def test_the_file_runs_without_its_docstrings_and_without_its_path(tmp_path):
+    """python -OO drops the docstrings; exec() of the file's text gives it no __file__, as a
+    notebook cell would. Both train, the second with a log that has no source to copy."""
+    argv = TINY + ["--num_iterations=1", "--val_every=0"]
+    optimized = subprocess.run([sys.executable, "-OO", str(ROOT / "train_gpt.py"), *argv,
+                                f"--log_dir={tmp_path / 'oo'}"], capture_output=True, text=True,
+                               timeout=120)
+    assert optimized.returncode == 0, optimized.stderr[-3000:]
+    assert re.search(r"^step:1/1 val_loss:\d+\.\d{4} ", optimized.stdout, re.MULTILINE)
+    exec_argv = argv + [f"--log_dir={tmp_path / 'exec'}"]
+    code = (f"namespace = dict(__name__='notebook')\n"
+            f"exec(open({str(ROOT / 'train_gpt.py')!r}).read(), namespace)\n"
+            f"print(namespace['main']({exec_argv!r}))")
+    executed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)
+    assert executed.returncode == 0, executed.stderr[-3000:]
+    assert re.search(r"^\{1: \d+\.\d+\}$", executed.stdout, re.MULTILINE)
+    (log,) = (tmp_path / "exec").glob("*.txt")
+    assert log.read_text().startswith("Python ")
