@@ -15,7 +15,6 @@ import inspect
 import math
 import os
 import pickle
-import platform
 import re
 import resource
 import shutil
@@ -28,7 +27,6 @@ import time
 import typing
 import uuid
 import zipfile
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,7 +44,7 @@ def option(default, text):
     """A hyperparameter's default, and the line `--help` shows for it."""
     return dataclasses.field(default=default, metadata=dict(help=text))
 
-@dataclass
+@dataclasses.dataclass
 class Hyperparameters:
     """The reference configuration; `--name=value` changes a field, `--help` lists them all."""
     # data
@@ -131,8 +129,7 @@ def zeropower_via_newtonschulz5(G, steps=5):
 
     The coefficients maximise the slope at zero rather than converge, so the singular values land
     roughly in (0.5, 1.5) instead of exactly 1, which does not hurt training. Runs in bf16 on a GPU
-    and in fp32 on a CPU, where bf16 matrix products are slow.
-    """
+    and in fp32 on a CPU, where bf16 matrix products are slow."""
     a, b, c = (3.4445, -4.7750, 2.0315)
     X = G.bfloat16() if G.is_cuda else G.float()
     tall = G.size(0) > G.size(1)
@@ -344,8 +341,7 @@ def attention_blocks(inputs, window_blocks):
     A block pair (q, kv) is skipped when it lies in the future, beyond the window or between
     disjoint documents; it is "full" (all_allowed) when every entry is allowed (an earlier block
     in the window and both blocks inside one document), so the kernel needs no per-token check;
-    the rest of any_allowed are "partial", and go through document_causal(b, h, q_idx, kv_idx).
-    """
+    the rest of any_allowed are "partial", and go through document_causal(b, h, q_idx, kv_idx)."""
     docs = (inputs == EOT_TOKEN).cumsum(0)
     doc_start = torch.searchsorted(docs, docs, out_int32=True)  # where a position's doc starts
     docs_low = docs.view(-1, BLOCK_SIZE)[:, 0].contiguous()
@@ -862,7 +858,7 @@ def log_run_header(log, args, world_size, train_files, val_files, model):
         with open(__file__) as f:
             log(f.read() + "=" * 100, console=False)
     cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
-    log(f"Python {platform.python_version()}, PyTorch {torch.__version__}, CUDA {cuda}")
+    log(f"Python {sys.version.split()[0]}, PyTorch {torch.__version__}, CUDA {cuda}")
     log("allocator settings: " + ", ".join(f"{name}={os.environ[name]}" for name in
                                            ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
                                            if name in os.environ))
