@@ -99,8 +99,8 @@ class ArgumentParser(argparse.ArgumentParser):
 def parse_args(argv, config=Hyperparameters):
     """The `config` dataclass from `--name=value` arguments, on top of `--preset=NAME` if given.
     Each field is an option of its type, with its help; `--flag` alone is true."""
-    parser = ArgumentParser(prog="train_gpt.py", allow_abbrev=False,  # -OO drops the docstring
-                            description=__doc__ and __doc__.split("\n")[0])
+    parser = ArgumentParser(prog="train_gpt.py", allow_abbrev=False,
+                            description=__doc__ and __doc__.split("\n")[0])  # -OO drops __doc__
     parser.add_argument("--preset", choices=PRESETS, default=argparse.SUPPRESS,
                         help="start from these values, e.g. smoke: " + str(PRESETS["smoke"]))
     types = typing.get_type_hints(config)  # types, where the annotations may be strings
@@ -316,7 +316,7 @@ class MLP(nn.Module):
         self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)
         self.relu_square_mlp = relu_square_mlp  # or the Triton kernel that computes it
 
-    def forward(self, x):
+    def forward(self, x):  # the function takes the rows of the one sequence of the batch
         return self.relu_square_mlp(x[0], self.c_fc.weight.type_as(x),
                                     self.c_proj.weight.type_as(x))[None]
 
@@ -481,10 +481,11 @@ def write_shard(path, tokens):
 def check_shard(path):
     """Validate a shard's header against its size on disk; return its token count."""
     with open(path, "rb") as f:
-        header = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+        header = f.read(HEADER_BYTES)
     size = os.path.getsize(path)
-    expected = HEADER_BYTES + 2 * int(header[2]) if header.size == HEADER_INTS else None
-    if header.size < HEADER_INTS:
+    header = np.frombuffer(header, dtype="<i4") if len(header) == HEADER_BYTES else None
+    expected = None if header is None else HEADER_BYTES + 2 * int(header[2])
+    if header is None:
         problem = f"file is {size} bytes, shorter than the {HEADER_BYTES}-byte header: truncated"
     elif header[0] != SHARD_MAGIC:
         problem = f"magic number is {header[0]}, expected {SHARD_MAGIC}: not a token shard"
@@ -604,14 +605,14 @@ def train(args, rank, world_size, device):
                                          args.vocab_size)
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device, args.vocab_size)
     check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
-    model, compiled, ddp_model = build_model(args, device)  # refuses kernels that differ
+    model, compiled, ddp_model = build_model(args, device)  # may refuse kernels: see use_kernels
     run_id = make_run_id()
     resume = find_checkpoint(args, run_id, world_size)
     # every refusal of the configuration comes above: from here on, the run has a log
     log = make_logger(args.log_dir, run_id, rank)
     log_run_header(log, args, world_size, train_loader.files, val_loader.files, model)
     adam, muon = build_optimizers(model, args)
-    state = (model, adam, muon, train_loader)
+    stateful = (model, adam, muon, train_loader)  # what holds the training state
     window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
     seq_len = sequence_length(args, world_size)
 
@@ -624,30 +625,34 @@ def train(args, rank, world_size, device):
 
     # Compile on a few untimed steps, then put everything back as it was: the timed run is the
     # run without them. The snapshot waits in host memory, not beside the weights.
-    initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True), training_state(*state))
+    initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True),
+                            training_state(*stateful))
     run_compile_steps(train_one_step, args.compile_steps, log, show=rank == 0)
-    restore_training_state(initial, *state)
+    restore_training_state(initial, *stateful)
     del initial
 
-    val_losses, queued, stop_requested = {}, None, False
+    val_losses, readouts, stop_requested = {}, [], False
     with stop_signals(show=rank == 0) as signals:  # a rank's request reaches all with its loss
         clock = TrainClock(device)  # from here: the set-up above is no training
-        first_step, newest = resume_from(resume, state, clock, log)  # (0, None): a new run
+        first_step, newest = resume_from(resume, stateful, clock, log)  # (0, None): a new run
         del resume  # in the model and optimizers now: free its copy in host memory
         for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
             validate = last or (args.val_every > 0 and step % args.val_every == 0)
             checkpoint = step > first_step and ((last and args.save_checkpoint) or (
                 args.checkpoint_every > 0 and step % args.checkpoint_every == 0))
-            # the queued step's line: validation, a checkpoint and a stop wait for the GPU anyway
-            if queued and (validate or checkpoint or stop_requested):
-                stop_requested |= log_train_line(log, queued, clock, args, newest)
-                queued = None
+            # the readout of the steps before: all but the newest, so that the GPU always has a
+            # step queued; all where validation, a checkpoint or a stop waits for the GPU anyway
+            while readouts and (len(readouts) > 1 or validate or checkpoint or stop_requested):
+                done, loss, asked, ms = finish_readout(readouts.pop(0), clock)
+                log_train_line(log, done, loss, ms, args)
+                check_finite("training loss", done, loss, log, args, newest)
+                stop_requested |= asked
             # a checkpoint when due; the stop that a rank asked for, unless the run is done
             stop = stop_requested and not last
             if checkpoint or (stop and (args.checkpoint_every > 0 or args.save_checkpoint)):
                 with clock.paused():
-                    newest = save_checkpoint(step, state, args, run_id, clock, log, newest)
+                    newest = save_checkpoint(step, stateful, args, run_id, clock, log, newest)
             if stop:
                 stop_run(SystemExit, f"interrupted at step {step}; {how_to_continue(newest)}", log)
             # validation, off the clock
@@ -660,11 +665,9 @@ def train(args, rank, world_size, device):
                 check_finite("validation loss", step, val_losses[step], log, args, newest)
             if last:
                 break
-            # the step, whose loss is read a step later: the GPU has the next one queued by then
+            # the step; its loss and this rank's stop request start back to the host
             loss = train_one_step(step)
-            previous, queued = queued, queue_for_host(step + 1, loss, bool(signals), clock)
-            if previous:
-                stop_requested |= log_train_line(log, previous, clock, args, newest)
+            readouts.append(start_readout(step + 1, loss, bool(signals), clock))
     log_peak_memory(log, device)
     return val_losses
 
@@ -756,6 +759,7 @@ def evaluate(model, loader, args, window, world_size):
     return all_ranks_mean(total / steps)
 
 # ----------------------------------------------------------------------------- around the loop
+# Processes and devices, the checks, the log and its lines, the clock, the untimed compile steps.
 
 def setup_device():
     """(rank, world size, device): torchrun's process group, or one process without torchrun."""
@@ -870,8 +874,9 @@ def log_run_header(log, args, world_size, train_files, val_files, model):
     log(f"world size {world_size}: {args.batch_size // world_size // seq_len} sequence(s) of "
         f"{seq_len} tokens per rank per step" + ("" if seq_len == args.micro_batch_size else
         " (shorter than --micro_batch_size: a different run from the reference)"))
-    log(f"the head's loss runs as {model.head_loss.__name__}, the MLPs as "
-        f"{model.blocks[0].mlp.relu_square_mlp.__name__}")
+    head, mlp = model.head_loss, model.blocks[0].mlp.relu_square_mlp
+    log(f"the head's loss runs as {getattr(head, '__name__', head)}, the MLPs as "
+        f"{getattr(mlp, '__name__', mlp)}")
 
 def log_peak_memory(log, device):
     if device.type == "cuda":
@@ -919,29 +924,27 @@ class TrainClock:
         self.sync()
         self.start = time.perf_counter()
 
-def queue_for_host(step, loss, signalled, clock):
-    """Start copying step `step`'s loss and stop request, as means over the ranks, to host memory
-    without waiting: reading a value the GPU has just computed makes the CPU wait for the step,
-    and the GPU then idles while the CPU prepares the next one."""
+def start_readout(step, loss, signalled, clock):
+    """Start copying step `step`'s loss and stop request, their means over the ranks, to host
+    memory without waiting: reading a value the GPU has just computed makes the CPU wait for the
+    step, and the GPU then idles while the CPU prepares the next one."""
     values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, signalled)]))
     host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
-    arrived = torch.cuda.Event() if values.is_cuda else None
-    if arrived:
-        arrived.record()
+    arrived = torch.cuda.current_stream().record_event() if values.is_cuda else None
     return step, host, arrived, clock.ms()
 
-def log_train_line(log, queued, clock, args, newest):
-    """Log the line of a step queue_for_host() copied, once the copy is there; return whether a
-    rank asked to stop. A loss that is not finite, their mean, ends the run on every rank."""
-    step, host, arrived, ms = queued
+def finish_readout(readout, clock):
+    """(step, mean loss, whether a rank asked to stop, train time in ms) of a start_readout()."""
+    step, host, arrived, ms = readout
     if arrived:
         arrived.synchronize()  # long done unless the CPU is more than a step ahead
         ms = clock.ms()  # the step has certainly finished by now
     loss, stop = host.tolist()
+    return step, loss, stop > 0, ms
+
+def log_train_line(log, step, loss, ms, args):
     log(f"step:{step}/{args.num_iterations} train_time:{ms:.0f}ms step_avg:{ms / step:.2f}ms "
         f"train_loss:{loss:.4f}")
-    check_finite("training loss", step, loss, log, args, newest)
-    return stop > 0
 
 def log_val_line(log, step, loss, ms, args):
     log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms"
@@ -970,14 +973,14 @@ def restore_training_state(state, model, adam, muon, loader):
     muon.load_state_dict(state["muon"])
     loader.load_state_dict(state["train_loader"])
 
-def save_checkpoint(step, state, args, run_id, clock, log, newest):
+def save_checkpoint(step, stateful, args, run_id, clock, log, newest):
     """Write the training state after `step` steps (rank 0 writes, the others wait); return its
     path. Weights that are not finite are not written: the run ends there."""
     started = time.perf_counter()
-    weights = torch.stack([p.detach().float().norm() for p in state[0].parameters()])
+    weights = torch.stack([p.detach().float().norm() for p in stateful[0].parameters()])
     check_finite("norm of the weights", step, weights.norm().item(), log, args, newest)
     path = os.path.join(args.log_dir, run_id, f"state_step{step:06d}.pt")
-    checkpoint = dict(training_state(*state, gather=True), step=step, run_id=run_id,
+    checkpoint = dict(training_state(*stateful, gather=True), step=step, run_id=run_id,
                       world_size=dist.get_world_size() if dist.is_initialized() else 1,
                       train_time_ms=clock.elapsed_ms, hyperparameters=dataclasses.asdict(args))
     try:
@@ -989,7 +992,7 @@ def save_checkpoint(step, state, args, run_id, clock, log, newest):
         f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
     return path
 
-def resume_from(resume, state, clock, log):
+def resume_from(resume, stateful, clock, log):
     """Restore `resume`, a (path, checkpoint) from find_checkpoint, into the training state and
     the clock; return (steps done, newest checkpoint), or (0, None) without one."""
     if not resume:
@@ -997,7 +1000,7 @@ def resume_from(resume, state, clock, log):
     path, checkpoint = resume
     log(f"resuming from {path}: step {checkpoint['step']} of run {checkpoint['run_id']}")
     with clock.paused():  # not training time
-        restore_training_state(checkpoint, *state)
+        restore_training_state(checkpoint, *stateful)
     clock.elapsed_ms = checkpoint["train_time_ms"]
     return checkpoint["step"], path
 
@@ -1155,7 +1158,7 @@ def load_checkpoint(path, args, world_size):
                         f"{str(err).strip()[:200]})") from None
     if not isinstance(state, dict) or "hyperparameters" not in state:
         raise UserError(f"--resume={path} is not a checkpoint of this script")
-    # a field added since the checkpoint was written had its default then (softcap: 15)
+    # a field missing from an older checkpoint had its default then
     saved = dict(dataclasses.asdict(Hyperparameters()), **state["hyperparameters"],
                  world_size=state["world_size"])
     current = dict(dataclasses.asdict(args), world_size=world_size)
@@ -1180,6 +1183,8 @@ try:  # Triton comes with PyTorch's CUDA builds
     import triton.language as tl
 except ImportError:  # a CPU-only build runs the recipe's torch code
     triton = None
+if not globals().get("__file__"):  # run by exec(): Triton reads a kernel's code from its file
+    triton = None
 
 # Each kernel's launch settings, the H100's first: a GPU takes the first that fits its shared
 # memory per block, and where none does, the recipe's torch code runs.
@@ -1191,45 +1196,50 @@ KERNEL_SETTINGS = dict(
 KERNEL_RECIPES = dict(head="484aad08653d", mlp="027de2b5e7a8")
 # The ops' namespace, from the file's path and module name: two copies loaded in one process
 # keep their own kernels, and every run of one file has the same, as the compile cache needs.
-OPS = "speedrun_" + hashlib.sha256(f"{globals().get('__file__')}:{__name__}".encode()
-                                   ).hexdigest()[:12]
+OPS = "speedrun_" + hashlib.sha256(f"{globals().get('__file__') or uuid.uuid4()}:{__name__}"
+                                   .encode()).hexdigest()[:12]
 
 def use_kernels(model, device):
     """Run the model's head loss and MLPs through the kernels that compute them, each with the
     first of its settings that fits `device`; the MLP's only where its products split into the
     setting's whole tiles and, on a GPU, run in bf16. Elsewhere the recipe's functions stay.
     Refused in one line, before anything trains, where a kernel would compute something else."""
+    if triton is None:  # PyTorch's CPU-only builds, or code run by exec()
+        return
     mlps = [block.mlp for block in model.blocks]
-    for kernel, recipe in [("head", model.head_loss), ("mlp", mlps[0].relu_square_mlp)]:
-        found = recipe_fingerprint(recipe)
-        if found != KERNEL_RECIPES[kernel]:
+    for kernel, recipes in [("head", {model.head_loss}),
+                            ("mlp", {mlp.relu_square_mlp for mlp in mlps})]:
+        for recipe in recipes:
+            found = recipe_fingerprint(recipe)
+            if found == KERNEL_RECIPES[kernel]:
+                continue
             fix = (f'make the kernel compute it and set KERNEL_RECIPES["{kernel}"] = "{found}"'
-                   if found else "load the file from its path, where its code can be read")
-            raise UserError(f"{os.path.basename(globals().get('__file__') or __name__)}: "
-                            f"{getattr(recipe, '__name__', recipe)} is not the code that the "
-                            f"{kernel} kernel computes, so a GPU would train other code than a "
-                            f"CPU: run it with --kernels=false, or {fix}")
+                   if found else "write it as a function of the file, whose code can be read")
+            raise UserError(f"{os.path.basename(__file__)}: {getattr(recipe, '__name__', recipe)}"
+                            f" is not the code that the {kernel} kernel computes, so a GPU would "
+                            f"train other code than a CPU: run it with --kernels=false, or {fix}")
     columns = model.lm_head.weight.size(0)  # the kernel sums exp(capped logit) with no maximum
     largest = math.floor(math.log(torch.finfo(torch.float32).max / columns))
     if model.softcap > largest:
         raise UserError(f"--softcap={model.softcap}: the head kernel sums exp(logit) over "
                         f"{columns} columns in fp32, which holds caps up to {largest}; use a "
                         f"smaller cap, or --kernels=false")
-    if triton is None:  # PyTorch's CPU-only builds
-        return
-    head, mlp = first_fitting_setting("head", device), first_fitting_setting("mlp", device)
-    if head is not None:
-        model.head_loss = Kernel(HeadLoss, "head", head)
+    head_setting = first_fitting_setting("head", device)
+    mlp_setting = first_fitting_setting("mlp", device)
+    if head_setting is not None:
+        model.head_loss = Kernel(HeadLoss, "head", head_setting)
     hidden, dim = mlps[0].c_fc.weight.shape
     in_bf16 = device.type != "cuda" or model.embed.weight.dtype == torch.bfloat16
-    if mlp is not None and in_bf16 and mlp_fits_tiles(BLOCK_SIZE, dim, hidden, mlp):
-        for block_mlp in mlps:
-            block_mlp.relu_square_mlp = Kernel(ReluSquareMLP, "mlp", mlp)
+    # every sequence is whole 128-token blocks: a setting's rows split it if they split 128
+    if (mlp_setting is not None and in_bf16
+            and mlp_fits_tiles(BLOCK_SIZE, dim, hidden, mlp_setting)):
+        for mlp in mlps:
+            mlp.relu_square_mlp = Kernel(ReluSquareMLP, "mlp", mlp_setting)
 
-def recipe_fingerprint(fn):
+def recipe_fingerprint(fn, seen=()):
     """A hash of `fn`'s code (not its docstring, comments or layout) with the functions and
-    constants of this file that it names; None where there is no code to read (exec, lambdas in
-    calls, builtins)."""
+    constants of this file that it names; None where there is no code to read (a builtin, a
+    partial, a lambda inside a call)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
     except (OSError, TypeError, SyntaxError):
@@ -1241,8 +1251,8 @@ def recipe_fingerprint(fn):
         node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
     for name in sorted({node.id for node in nodes if isinstance(node, ast.Name)} - bound):
         value = fn.__globals__.get(name)
-        if inspect.isfunction(value) and value.__module__ == fn.__module__:
-            code += f"\n{name}: {recipe_fingerprint(value)}"
+        if inspect.isfunction(value) and value.__module__ == fn.__module__ and value not in seen:
+            code += f"\n{name}: {recipe_fingerprint(value, (*seen, fn))}"
         elif isinstance(value, (bool, int, float, str, tuple)):
             code += f"\n{name} = {value!r}"
     return hashlib.sha256(code.encode()).hexdigest()[:12]
@@ -1257,11 +1267,12 @@ def first_fitting_setting(kernel, device):
 
 def shared_memory(kernel, setting, major):
     """The bytes of shared memory per block that Triton's build of `kernel` with `setting` takes
-    on a GPU of compute capability `major`.x, with 1 KiB to spare (sm_100's barriers take 16
-    bytes); tests/kernels_for_gpus.py checks it against the builds for each GPU."""
+    on a GPU of compute capability `major`.x, with 1 KiB to spare (sm_100's pipeline barriers
+    take 16 of them); tests/kernels_for_gpus.py checks it against each GPU target's build."""
     if kernel == "head":
         return 4 * setting["num_warps"] + 1024  # a row's partial sums, an fp32 per warp
-    # the MLP's pipeline of bf16 tiles of both operands: sm_90 and sm_100 keep every stage
+    # the MLP's pipeline holds bf16 tiles of both operands: num_stages of them on sm_90 and
+    # sm_100, whose copies run asynchronously to the tensor cores, one fewer elsewhere
     buffers = setting["num_stages"] - (major not in (9, 10))
     return buffers * (setting["BLOCK_M"] + setting["BLOCK_N"]) * setting["BLOCK_K"] * 2 + 1024
 
@@ -1274,11 +1285,11 @@ def mlp_fits_tiles(tokens, dim, hidden, setting):
 
 class Kernel:
     """A recipe function's Triton form, called as the function is: `function`, an
-    autograd.Function, launched with setting number `setting` of KERNEL_SETTINGS[kernel]."""
+    autograd.Function, launched with setting number `setting` of KERNEL_SETTINGS[name]."""
 
-    def __init__(self, function, kernel, setting):
+    def __init__(self, function, name, setting):
         self.function, self.setting = function, setting
-        self.__name__ = f"{function.__name__} (Triton, {KERNEL_SETTINGS[kernel][setting]})"
+        self.__name__ = f"{function.__name__} (Triton, {KERNEL_SETTINGS[name][setting]})"
 
     def __call__(self, *args):
         return self.function.apply(*args, self.setting)

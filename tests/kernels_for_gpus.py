@@ -30,17 +30,12 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt  # noqa: E402
+from test_kernels import SMALLER_MLP_SETTINGS  # noqa: E402
 
 # compute capability: (its GPUs, its shared memory per block in bytes: the opt-in maximum)
 TARGETS = {80: ("A100", 166_912), 86: ("RTX 3090, A10, A40, RTX A6000", 101_376),
            89: ("RTX 4090, L4, L40S, RTX 6000 Ada", 101_376), 90: ("H100, H200", 232_448),
            100: ("B200", 232_448), 120: ("RTX 5090, RTX PRO 6000", 101_376)}
-# Settings of the MLP kernel within the 99 KB per block of sm_86, sm_89 and sm_120, which
-# tests/test_gpu.py forces on the GPU at hand: 3 stages, or tiles of 128 columns.
-SMALLER_MLP_SETTINGS = {
-    "3-stages": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-    "128-columns": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8,
-                        num_stages=4)}
 # How a run launches each kernel at the reference shapes: the types of its arguments (pointers
 # 16-byte aligned, ":16" integers multiples of 16) and the constants of each variant.
 LAUNCHES = dict(

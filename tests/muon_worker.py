@@ -1,6 +1,6 @@
 """Run Muon for a few steps on an uneven set of parameters; launched by tests/test_muon.py with
 torchrun (gloo, CPU). After step 2 each rank's own state goes through state_dict() and
-load_state_dict(), as in a warm-up restore; after step 3 the state gathered on rank 0 goes to
+load_state_dict(), as after the compile steps; after step 3 the state gathered on rank 0 goes to
 every rank and is loaded, as in a resume. Every rank saves to OUT/rank<r>.pt its parameters
 after every step, whether each momentum buffer it kept after step 2 owns a storage of its own
 size, and the parameter indices of its own state and of its gathered one."""

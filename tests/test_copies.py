@@ -147,6 +147,32 @@ def test_an_ordinary_edit_stops_the_gpu_path_in_one_line_naming_the_function(edi
     assert refusal(attempt, args).startswith(f"attempt.py: {named} is not the code that the ")
 
 
+RECURSIVE = [("def relu_square_mlp(",
+               "def power(h, n):\n    return h if n == 1 else h * power(h, n - 1)\n\n\n"
+               "def relu_square_mlp("),
+              ("F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+               "F.linear(power(F.relu(F.linear(x, w_fc)), 2), w_proj)")]
+PARTIAL = [("self.head_loss = head_loss  #", "self.head_loss = functools.partial(head_loss)  #"),
+           ("import glob\n", "import functools\nimport glob\n")]
+
+
+def test_a_recipe_with_a_recursive_helper_or_a_partial_stops_in_one_line_too(copies):
+    """Its fingerprint takes each function it names once; a partial has no code to read."""
+    for name, edits, named in [("recursive", RECURSIVE, "relu_square_mlp"),
+                               ("partial", PARTIAL, "functools.partial(<function head_loss")]:
+        attempt = copies(name, *edits)
+        assert refusal(attempt, attempt.parse_args(SMALL_ARGS)).startswith(
+            f"{name}.py: {named}"), name
+
+
+def test_the_log_names_a_function_without_a_name(copies, tmp_path):
+    """A partial as the model's head loss, on the CPU's path, which trains it."""
+    attempt = copies("attempt", *PARTIAL)
+    attempt.main(TINY + ["--num_iterations=1", "--val_every=0", f"--log_dir={tmp_path}"])
+    text = next(tmp_path.glob("*.txt")).read_text()
+    assert "the head's loss runs as functools.partial(<function head_loss at " in text
+
+
 def test_an_mlp_that_calls_a_new_function_runs_the_edit_on_the_gpu_path(copies):
     """The kernel replaces the function the model holds; a forward that calls another function
     computes that one, on either path."""
@@ -337,7 +363,8 @@ def test_a_narrower_mlp_takes_the_kernel_where_its_tiles_divide_and_the_recipe_e
                       "self.c_proj = CastedLinear(3 * dim, dim, zero_init=True)"))
     for dim, kernel in [(256, True), (128, False)]:
         torch.manual_seed(0)
-        model = attempt.GPT(**dict(SMALL, model_dim=dim))
+        model = attempt.GPT(**dict(SMALL, model_dim=dim),  # in bf16 on a GPU, as a run's
+                            embed_dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32)
         mlp = model.blocks[0].mlp
         torch.nn.init.normal_(mlp.c_proj.weight, std=dim ** -0.5)
         attempt.use_kernels(model.to(DEVICE), torch.device(DEVICE))

@@ -186,6 +186,7 @@ def test_no_file_matches_the_pattern(tmp_path):
     (lambda p: p.write_bytes(p.read_bytes() + b"\0\0"), "claims 100 tokens.*longer"),
     (lambda p: corrupt(p, 8, 101), "claims 101 tokens.*shorter"),
     (lambda p: p.write_bytes(p.read_bytes()[:500]), "shorter than the 1024-byte header"),
+    (lambda p: p.write_bytes(p.read_bytes()[:501]), "501 bytes, shorter than the 1024-byte"),
 ])
 def test_bad_shards_are_refused_naming_the_file(tmp_path, edit, message):
     _, pattern = make_shards(tmp_path, [100, 100])

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import train_gpt
-from kernels_for_gpus import SMALLER_MLP_SETTINGS
-from test_kernels import relative_error
+from test_kernels import SMALLER_MLP_SETTINGS, relative_error
 from test_model import perturbed, random_documents
 from test_muon import with_singular_values
 from train_gpt import (GPT, DistributedDataLoader, Kernel, Muon, build_block_mask,
@@ -121,20 +120,20 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
             return super().paused()
 
-    queue_for_host, log_train_line = train_gpt.queue_for_host, train_gpt.log_train_line
+    start_readout, finish_readout = train_gpt.start_readout, train_gpt.finish_readout
 
-    def queued(step, *args):
+    def started(step, *args):
         events.append(("queued", step))
-        return queue_for_host(step, *args)
+        return start_readout(step, *args)
 
-    def logged(log, queued, *args):
-        events.append(("read", queued[0]))
-        return log_train_line(log, queued, *args)
+    def finished(readout, clock):
+        events.append(("read", readout[0]))
+        return finish_readout(readout, clock)
 
     monkeypatch.setattr(train_gpt, "train_step", train_step_watched)
     monkeypatch.setattr(train_gpt, "TrainClock", Clock)
-    monkeypatch.setattr(train_gpt, "queue_for_host", queued)
-    monkeypatch.setattr(train_gpt, "log_train_line", logged)
+    monkeypatch.setattr(train_gpt, "start_readout", started)
+    monkeypatch.setattr(train_gpt, "finish_readout", finished)
     try:
         main(SMALL + ["--num_iterations=10", "--val_every=0", "--compile_steps=0",
                       f"--log_dir={tmp_path}"])

@@ -25,6 +25,13 @@ from train_gpt import (GPT, HeadLoss, Hyperparameters, Kernel, ReluSquareMLP, he
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU_BUILDS = Path(__file__).resolve().parent / "kernels_for_gpus.py"
 SOFTCAP = Hyperparameters.softcap
+# Settings of the MLP kernel within the 99 KB per block of sm_86, sm_89 and sm_120, which
+# tests/test_gpu.py forces on the GPU at hand and tests/kernels_for_gpus.py builds for those
+# targets: 3 stages, or tiles of 128 columns.
+SMALLER_MLP_SETTINGS = {
+    "3-stages": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+    "128-columns": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8,
+                        num_stages=4)}
 # Without Triton (PyTorch's CPU-only builds, macOS) the script runs the recipe's torch code, and
 # only the tests that launch a kernel, on a GPU or in the interpreter, have nothing to test.
 needs_triton = pytest.mark.skipif(train_gpt.triton is None, reason=(

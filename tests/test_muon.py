@@ -104,7 +104,8 @@ def run_workers(tmp_path, nproc):
 
 
 def test_distributed_muon_is_bit_identical_to_one_process(tmp_path):
-    """Also across the round trips of a warm-up restore (after step 2) and a resume (step 3)."""
+    """Also across the round trips of the compile steps' restore (after step 2) and a resume
+    (step 3)."""
     (single,) = run_workers(tmp_path, 1)
     every = list(range(len(SHAPES)))
     assert single["held"] == dict(own=every, gathered=every)
