@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The head in row chunks and the head kernel's race fix, the map of the step, and the q, k and v
 # of the attention from one product, on one GPU. First, here, in a checkout of main:
-#     bash records/2026-11-26_h100_head_chunks/measure.sh trees
+#     bash records/prepared/head_chunks/measure.sh trees
 # makes trees/NAME in this folder (git ignores it): main's files with this folder's patches
 # applied by patch(1), a tree a variant, as the GPU's machine may have neither git nor patch;
 # a patch that the file `landed` here names is on main and skipped, and a variant whose patch
 # does not apply exactly (no fuzz) is not made (the script says which). Then on the GPU,
 # carrying that folder (a part stops at once if main's files are not the trees' main's):
-#     bash records/2026-11-26_h100_head_chunks/measure.sh PART OUT
+#     bash records/prepared/head_chunks/measure.sh PART OUT
 # BEFORE is main as it is; AFTER is main with head_chunks.patch, in trees/after (README.md).
 # Each part is one device call of at most 600 s on a fresh machine (a session has 15 minutes
 # of device time in all, starts included: one part a session, part 1 first); each step's time
@@ -60,7 +60,7 @@ set -uo pipefail
 part=${1:?usage: measure.sh trees, here; then measure.sh 1|2|3|4|5|6|7 OUT on the GPU}
 here=$(cd "$(dirname "$0")" && pwd)
 trees=$here/trees  # main's files with the patches applied, one folder each; git ignores them
-cd "$here/../.."  # the repository root: BEFORE
+cd "$here/../../.."  # the repository root: BEFORE
 if [ "$part" = trees ]; then
     rm -rf "$trees" && mkdir -p "$trees"
     files() { git ls-files -z train_gpt.py README.md tests benchmarks data pytest.ini \

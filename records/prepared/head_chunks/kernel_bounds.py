@@ -1,6 +1,6 @@
 """What bounds each kernel of a tree's head and MLP, read by Nsight Compute at the real shapes:
     ncu --profile-from-start off --clock-control none [--section ...] \
-        python records/2026-11-26_h100_head_chunks/kernel_bounds.py TREE [mlp] [head]
+        python records/prepared/head_chunks/kernel_bounds.py TREE [mlp] [head]
 
 Loads TREE's train_gpt.py, runs each part once to build its kernels, then once more between
 torch.cuda.profiler.start() and stop(), so that ncu profiles that one run's kernels alone:

@@ -1,5 +1,5 @@
 """Whether two trees' MLP kernels write the same bits, at the real shapes, on a GPU:
-    python records/2026-11-26_h100_head_chunks/mlp_same_bits.py BEFORE_TREE AFTER_TREE
+    python records/prepared/head_chunks/mlp_same_bits.py BEFORE_TREE AFTER_TREE
 
 Loads each tree's train_gpt.py (each copy registers its own ops, named from its path), then runs
 both trees' relu_square_matmul on the same bf16 inputs of one 65,536-token micro-batch: the

@@ -1,5 +1,5 @@
 """What the head kernel of a tree's train_gpt.py costs per logit on an H100, from its build:
-    python records/2026-11-26_h100_head_chunks/count_sass.py TREE
+    python records/prepared/head_chunks/count_sass.py TREE
 
 Builds the training variant of the kernel for sm_90 with the tree's own launch setting (Triton's
 compiler and ptxas, no GPU needed), disassembles it with the nvdisasm that Triton ships, and for
