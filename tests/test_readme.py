@@ -1,6 +1,6 @@
-"""The README's map of the recipe: each part it links by name is in train_gpt.py's recipe
-sections (before the GPU kernels), where a reader of the recipe finds it; and the training
-loop, which the recipe leads up to, written out in one place."""
+"""The README: its first screen, and its map of the recipe, each part it links by name in
+train_gpt.py's recipe sections (before the GPU kernels), where a reader of the recipe finds it;
+and the training loop, which the recipe leads up to, written out in one place."""
 import ast
 import re
 from pathlib import Path
@@ -40,3 +40,17 @@ def test_the_training_loop_is_written_out_in_the_training_section_in_at_most_50_
                and ast.unparse(node.target) == "step"]
     assert first < train.lineno and train.end_lineno <= last
     assert loop.end_lineno - loop.lineno + 1 <= 50, (loop.lineno, loop.end_lineno)
+
+
+def test_the_first_screen_says_what_has_run_how_to_run_and_where_things_are():
+    """At most 300 lines; in the first 40, the status (which says that 8 GPUs have not run it),
+    the two commands and the layout of the repository's folders."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first = "\n".join(lines[:40])
+    assert len(lines) <= 300
+    assert "What has run" in first and "never run on 8 GPUs" in first
+    assert "./run.sh" in first and "python -m pytest -q" in first
+    folders = {path.name for path in ROOT.iterdir() if path.is_dir()
+               and not path.name.startswith((".", "__")) and path.name != "logs"}
+    for folder in folders | {".ci"}:  # logs/ is what runs write
+        assert f"\n{folder}/" in first, folder
