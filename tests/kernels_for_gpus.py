@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt  # noqa: E402
-from test_kernels import SMALLER_MLP_SETTINGS  # noqa: E402
+from test_kernels import SMALLER_MLP_SETTINGS, StandInGPU, runs_as  # noqa: E402
 
 # compute capability: (its GPUs, its shared memory per block in bytes: the opt-in maximum)
 TARGETS = {80: ("A100", 166_912), 86: ("RTX 3090, A10, A40, RTX A6000", 101_376),
@@ -85,12 +84,10 @@ def takes(model, capability, max_shared):
     model.head_loss = train_gpt.head_loss
     for block in model.blocks:
         block.mlp.relu_square_mlp = train_gpt.relu_square_mlp
-    gpu = types.SimpleNamespace(major=capability // 10, shared_memory_per_block_optin=max_shared)
-    torch.cuda.get_device_properties = lambda device: gpu
+    torch.cuda.get_device_properties = lambda device: StandInGPU(capability // 10, max_shared)
     train_gpt.use_kernels(model, torch.device("cuda", 0))
     chosen = dict(head=model.head_loss, mlp=model.blocks[0].mlp.relu_square_mlp)
-    return ({kernel: "kernel" if isinstance(fn, train_gpt.Kernel) else "recipe"
-             for kernel, fn in chosen.items()},
+    return (dict(zip(chosen, runs_as(model))),
             {kernel: fn.setting for kernel, fn in chosen.items()
              if isinstance(fn, train_gpt.Kernel)})
 
