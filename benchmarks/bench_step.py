@@ -12,7 +12,8 @@ run, where the attention window is half-grown, so a step costs about the run's a
 
 It reports compile and warm-up time, ms per step, ms of forward+backward per micro-batch, ms of
 the optimizer step (Adam and Muon), tokens per second per GPU, the model FLOPs utilisation
-against --peak_tflops, and peak memory; prints a table and writes the numbers as JSON. On a GPU
+against --peak_tflops, peak memory, and which code ran the head's loss and the MLPs (a kernel
+or the recipe's torch function); prints a table and writes the numbers as JSON. On a GPU
 the parts are timed with CUDA events, so timing adds no synchronisation to the steps.
 
 Model FLOPs per step and rank: 6 x the matrix parameters a token passes through (those of the
@@ -298,6 +299,9 @@ def measure(own, script, args):
         script=str(Path(own.script).resolve()),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, world_size=world_size, timed_steps=own.steps, first_step=first,
+        # a kernel that gave way to the recipe would show in the times alone: say which ran
+        runs={part: getattr(fn, "__name__", str(fn)) for part, fn in [
+            ("head", model.head_loss), ("mlp", model.blocks[0].mlp.relu_square_mlp)]},
         window_blocks=sorted({blocks for _, blocks in batches}),
         tokens_per_step_per_rank=tokens, micro_batches_per_step=micro_batches,
         compile_and_warmup_s=warmup_s,

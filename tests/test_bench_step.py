@@ -75,6 +75,7 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path, monkeypatch):
     results = main(["--steps=2", "--warmup=1", "--at_step=2", "--profile=1", f"--json={out}"]
                    + TINY)
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    assert results["runs"] == dict(head="head_loss", mlp="relu_square_mlp")  # a CPU's: the recipe
     with gzip.open(tmp_path / "bench_trace.json.gz") as trace:  # the profiled step's CPU ops
         events = json.load(trace)["traceEvents"]
     assert any(e.get("name") == "Optimizer.step#Muon.step" for e in events)
