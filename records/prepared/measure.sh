@@ -1,36 +1,49 @@
 #!/usr/bin/env bash
-# The next GPU session's call: main's GPU path checked, and the kernels' check of
-# recipe_check.patch run where it would land. From the repository root, here (no GPU needed):
+# The next GPU sessions' calls, one a session, each at most 600 s on a fresh machine. From the
+# repository root, here first (no GPU needed):
 #
-#     bash records/prepared/measure.sh trees    # trees/check: main's files with the patch applied
+#     bash records/prepared/measure.sh trees    # trees/NAME: main's files with patches applied
 #
-# then one device call (about 8 minutes; the steps stop themselves by 570 s):
+# then one device call:
 #
-#     run(command="bash records/prepared/measure.sh gpu", carry=["records/prepared/trees"],
+#     run(command="bash records/prepared/measure.sh run1", carry=["records/prepared/trees"],
 #         timeout_s=600)
 #
-# Each step's whole output goes to its own file under $OUT as it runs, so a call cut short still
-# brings back the steps before. Print order: the card, then one line per step with its exit code.
+# run1: main's GPU path checked, and the head in chunks (after: head_chunks.patch) and read once
+# (onepass: head_one_pass.patch after it). Each step's whole output goes to its own file under
+# $OUT as it runs, so a call cut short still brings back the steps before; the steps stop
+# themselves by 570 s, the ones that matter most first. Printed: the card, then one line per
+# step with its exit code, and for each benchmark which code ran the head and the MLPs.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 FILES="train_gpt.py README.md pytest.ini tests benchmarks data/shakespeare data/synthetic_fineweb.py"
+# each tree: the patches it takes, in order
+declare -A TREES=([after]="head_chunks.patch" [onepass]="head_chunks.patch head_one_pass.patch")
 
 case "${1:-}" in
 trees)
-    rm -rf "$here/trees" && mkdir -p "$here/trees/check"
-    # shellcheck disable=SC2086  # FILES is a list of paths
-    cp -r --parents $FILES "$here/trees/check/"
-    git apply --directory="records/prepared/trees/check" "$here/recipe_check.patch" \
-        || { echo "recipe_check.patch does not apply to main: remake it" >&2; exit 1; }
+    rm -rf "$here/trees" && mkdir -p "$here/trees"
+    for tree in "${!TREES[@]}"; do
+        mkdir "$here/trees/$tree"
+        # shellcheck disable=SC2086  # FILES is a list of paths
+        cp -r --parents $FILES "$here/trees/$tree/"
+        for patch in ${TREES[$tree]}; do
+            git apply --directory="records/prepared/trees/$tree" "$here/$patch" \
+                || { echo "$patch does not apply to main in trees/$tree: remake it" >&2; exit 1; }
+        done
+    done
+    # shellcheck disable=SC2046,SC2086
     sha256sum $(git ls-files $FILES) > "$here/trees/main.sha256"
-    echo "made $here/trees/check ($(du -sh "$here/trees" | cut -f1))"
+    echo "made ${!TREES[*]} in $here/trees ($(du -sh "$here/trees" | cut -f1))"
     ;;
-gpu)
+run1)
     out=${OUT:-/tmp/measure_out} && mkdir -p "$out"
     started=$SECONDS
-    [ -d "$here/trees/check" ] || { echo "no trees: run 'measure.sh trees' here first" >&2; exit 1; }
+    for tree in after onepass; do
+        [ -d "$here/trees/$tree" ] || { echo "no trees/$tree: run 'measure.sh trees' here first" >&2; exit 1; }
+    done
     sha256sum --quiet -c "$here/trees/main.sha256" \
         || { echo "main differs from the trees' main: make the trees again" >&2; exit 1; }
     export PYTHONUNBUFFERED=1
@@ -48,30 +61,44 @@ torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$out/c
         echo "$name: rc $rc at $((SECONDS - started)) s; $(tail -1 "$out/$name.txt")"
         return $rc
     }
-    pytest=(python3 -m pytest -q -s -rs -o addopts= -p no:cacheprovider)
-    check="$here/trees/check"
-
-    # 1. main's GPU tests (not the resume test, 165 s alone): which kernels run, the kernels at
-    #    the real shapes against fp32, the compiled model, the smaller MLP settings forced
-    step gpu_tests_main 300 "$root" "${pytest[@]}" tests/test_gpu.py -k "not resume"
-    # 2. the check at the reference widths, in the patched tree; the tests that build a model
-    #    with the kernels, which now checks them as it is built
-    step gpu_tests_check 150 "$check" "${pytest[@]}" tests/test_gpu.py \
-        -k "check or compiled_bf16 or steady or recompile"
-    # 3. one micro-batch a step from cold compile caches: main, then the patched tree (the time
-    #    the check adds to start-up, and that the step is the same)
+    bench() {  # NAME DIR: one micro-batch a step; all share one compile cache, cold for the first
+        TORCHINDUCTOR_CACHE_DIR=/tmp/cache_bench TRITON_CACHE_DIR=/tmp/triton_bench \
+            step "bench_$1" 150 "$2" "${bench[@]}" --json="$out/bench_$1.json" \
+            && grep -E "^(runs|ms_forward|peak_memory|compile)" "$out/bench_$1.txt"
+    }
+    # the tests compile in caches of their own, so that main's benchmark starts cold
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/cache_tests TRITON_CACHE_DIR=/tmp/triton_tests
+    pytest=(python3 -m pytest -q -s -rs -o addopts= -p no:cacheprovider --durations=5)
+    tests=(tests/test_kernels.py tests/test_gpu.py)
+    small="(test_kernels and not every_gpu and not without_triton)"  # on CUDA; builds: the CPU's
     python3 data/synthetic_fineweb.py 1 --tokens 4000000 --val-tokens 200000 --dir /tmp/shards \
         > /dev/null 2>&1
     bench=(python3 benchmarks/bench_step.py --batch_size=65536 --steps=10
            "--train_files=/tmp/shards/synthetic_train_*.bin")
-    TORCHINDUCTOR_CACHE_DIR=/tmp/cache_main TRITON_CACHE_DIR=/tmp/triton_main \
-        step bench_main 150 "$root" "${bench[@]}" --json="$out/bench_main.json"
-    TORCHINDUCTOR_CACHE_DIR=/tmp/cache_check TRITON_CACHE_DIR=/tmp/triton_check \
-        step bench_check 150 "$check" "${bench[@]}" --json="$out/bench_check.json"
+
+    # 1. main: which kernels run (the log and the H100's settings), the kernels at the real
+    #    shapes against fp32 (the two smaller MLP settings forced), the compiled model
+    step main_tests 240 "$root" "${pytest[@]}" tests/test_gpu.py \
+        -k "steady or h100 or fused or zero_head or compiled_bf16"
+    # 2. the head in chunks: its tests on CUDA (opcheck reaches torch.addmm with out_dtype) and
+    #    at the real shapes
+    step after_tests 120 "$here/trees/after" "${pytest[@]}" "${tests[@]}" \
+        -k "$small or fused_head or zero_head"
+    after_ok=$?
+    # 3. main from a cold cache, then the head in chunks
+    bench main "$root"
+    [ $after_ok -eq 0 ] && bench after "$here/trees/after"
+    # 4. the head read once: its tests, the steps' order and no recompile; then its benchmark
+    step onepass_tests 150 "$here/trees/onepass" "${pytest[@]}" "${tests[@]}" \
+        -k "$small or fused_head or zero_head or steady or recompile"
+    onepass_ok=$?
+    [ $onepass_ok -eq 0 ] && bench onepass "$here/trees/onepass"
+    # 5. main again, for the spread
+    bench main_2 "$root"
     echo "done at $((SECONDS - started)) s"
     ;;
 *)
-    echo "usage: bash records/prepared/measure.sh trees|gpu" >&2
+    echo "usage: bash records/prepared/measure.sh trees|run1" >&2
     exit 2
     ;;
 esac

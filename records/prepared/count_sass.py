@@ -1,8 +1,9 @@
 """What the head kernel of a tree's train_gpt.py costs per logit on an H100, from its build:
-    python records/prepared/head_chunks/count_sass.py TREE
+    python records/prepared/count_sass.py TREE
 
-Builds the training variant of the kernel for sm_90 with the tree's own launch setting (Triton's
-compiler and ptxas, no GPU needed), disassembles it with the nvdisasm that Triton ships, and for
+Builds the kernel's first variant (the one that writes the gradients) for sm_90 with the tree's
+own launch setting, by the tree's tests/kernels_for_gpus.py (Triton's compiler and ptxas, no GPU
+needed), disassembles it with the nvdisasm that Triton ships, and for
 each loop (a branch back to an earlier label) prints the warp-instructions of its body per logit
 it handles, those of the special-function unit (MUFU), and the most frequent opcodes.
 """
@@ -34,11 +35,11 @@ def loops(sass):
 
 
 def main(tree):
-    sys.path.insert(0, str(Path(tree).resolve()))
-    import train_gpt
-    setting = train_gpt.KERNEL_SETTINGS["head"][0]
-    variant = train_gpt.KERNEL_LAUNCHES["head"][2][0]  # training: the gradients written
-    compiled = train_gpt.compile_for("head", setting, variant, GPUTarget("cuda", 90, 32))
+    sys.path.insert(0, str(Path(tree).resolve() / "tests"))
+    import kernels_for_gpus
+    setting = kernels_for_gpus.train_gpt.KERNEL_SETTINGS["head"][0]
+    variant = next(iter(kernels_for_gpus.LAUNCHES["head"][2]))
+    compiled = kernels_for_gpus.build("head", setting, variant, GPUTarget("cuda", 90, 32))
     nvdisasm = Path(get_ptxas(90).path).with_name("nvdisasm")
     with tempfile.TemporaryDirectory() as folder:
         cubin = Path(folder) / "kernel.cubin"
