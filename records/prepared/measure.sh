@@ -49,7 +49,7 @@ run1)
     export PYTHONUNBUFFERED=1
     { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, triton.__version__,
 torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$out/card.txt" 2>&1
-    head -12 "$out/card.txt" | grep -E "NVIDIA|torch|shared" || tail -3 "$out/card.txt"
+    grep -E "NVIDIA|_CudaDeviceProperties" "$out/card.txt" || tail -3 "$out/card.txt"
 
     step() {  # NAME LIMIT DIR COMMAND...: its output to $OUT/NAME.txt; skipped past 570 s
         local name=$1 limit=$2 dir=$3 left=$((570 - (SECONDS - started))) rc
@@ -62,6 +62,8 @@ torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$out/c
         return $rc
     }
     bench() {  # NAME DIR: one micro-batch a step; all share one compile cache, cold for the first
+        local left=$((570 - (SECONDS - started)))  # a compile cut short measures nothing
+        [ "$left" -lt 75 ] && { echo "bench_$1: skipped, $left s left"; return 1; }
         TORCHINDUCTOR_CACHE_DIR=/tmp/cache_bench TRITON_CACHE_DIR=/tmp/triton_bench \
             step "bench_$1" 150 "$2" "${bench[@]}" --json="$out/bench_$1.json" \
             && grep -E "^(runs|ms_forward|peak_memory|compile)" "$out/bench_$1.txt"
@@ -69,10 +71,13 @@ torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$out/c
     # the tests compile in caches of their own, so that main's benchmark starts cold
     export TORCHINDUCTOR_CACHE_DIR=/tmp/cache_tests TRITON_CACHE_DIR=/tmp/triton_tests
     pytest=(python3 -m pytest -q -s -rs -o addopts= -p no:cacheprovider --durations=5)
-    tests=(tests/test_kernels.py tests/test_gpu.py)
-    small="(test_kernels and not every_gpu and not without_triton)"  # on CUDA; builds: the CPU's
+    tests=(tests/test_kernels.py tests/test_gpu.py tests/test_copies.py)
+    # the kernel tests on CUDA at small shapes (the builds for every target are the CPU's), and
+    # the head kernel at the largest cap it takes
+    small="(test_kernels and not every_gpu and not without_triton) or largest_cap"
     python3 data/synthetic_fineweb.py 1 --tokens 4000000 --val-tokens 200000 --dir /tmp/shards \
-        > /dev/null 2>&1
+        > "$out/shards.txt" 2>&1
+    ls /tmp/shards/synthetic_train_*.bin > /dev/null || echo "no shards: see shards.txt"
     bench=(python3 benchmarks/bench_step.py --batch_size=65536 --steps=10
            "--train_files=/tmp/shards/synthetic_train_*.bin")
 
@@ -85,16 +90,18 @@ torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$out/c
     step after_tests 120 "$here/trees/after" "${pytest[@]}" "${tests[@]}" \
         -k "$small or fused_head or zero_head"
     after_ok=$?
-    # 3. main from a cold cache, then the head in chunks
+    # 3. main from a cold cache, the head in chunks, main again for the spread
     bench main "$root"
     [ $after_ok -eq 0 ] && bench after "$here/trees/after"
-    # 4. the head read once: its tests, the steps' order and no recompile; then its benchmark
-    step onepass_tests 150 "$here/trees/onepass" "${pytest[@]}" "${tests[@]}" \
-        -k "$small or fused_head or zero_head or steady or recompile"
+    bench main_2 "$root"
+    # 4. the head read once, if time is left: its tests and benchmark, then the steps' order
+    #    and no recompile, which its keeping does not wait for
+    step onepass_tests 120 "$here/trees/onepass" "${pytest[@]}" "${tests[@]}" \
+        -k "$small or fused_head or zero_head"
     onepass_ok=$?
     [ $onepass_ok -eq 0 ] && bench onepass "$here/trees/onepass"
-    # 5. main again, for the spread
-    bench main_2 "$root"
+    step onepass_steps 120 "$here/trees/onepass" "${pytest[@]}" tests/test_gpu.py \
+        -k "steady or recompile"
     echo "done at $((SECONDS - started)) s"
     ;;
 *)
