@@ -41,7 +41,7 @@ trees)
 run1)
     out=${OUT:-/tmp/measure_out} && mkdir -p "$out"
     started=$SECONDS
-    for tree in after onepass; do
+    for tree in "${!TREES[@]}"; do
         [ -d "$here/trees/$tree" ] || { echo "no trees/$tree: run 'measure.sh trees' here first" >&2; exit 1; }
     done
     sha256sum --quiet -c "$here/trees/main.sha256" \
