@@ -5,10 +5,9 @@ For each target: its GPUs, its shared memory per block (max_shared: the opt-in m
 torch reports on such a GPU), and
 - takes: what train_gpt.use_kernels gives a model of the reference widths there, "kernel" or
   "recipe" for the head and the MLP, with the GPU's properties stood in for;
-- builds: the launch setting each kernel takes there (and, on sm_86 and sm_90, the smaller MLP
-  settings that tests/test_gpu.py forces), each variant a run launches: the shared memory of
-  the build beside the need that train_gpt.shared_memory works out for it, whether the matrix
-  product runs on Hopper's tensor-core instruction (wgmma), the stages of its pipeline of
+- builds: the launch setting each kernel takes there, each variant a run launches: the shared
+  memory of the build beside the need that train_gpt.shared_memory works out for it, whether the
+  matrix product runs on Hopper's tensor-core instruction (wgmma), the stages of its pipeline of
   copies, and the bytes of local memory (spills and stack) that ptxas reports.
 The interpreter runs a kernel's Python; only the compiler shows what a GPU build holds. Run
 without TRITON_INTERPRET, which would make the kernels the interpreter's.
@@ -29,7 +28,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt  # noqa: E402
-from test_kernels import SMALLER_MLP_SETTINGS, StandInGPU, runs_as  # noqa: E402
+from test_kernels import StandInGPU, runs_as  # noqa: E402
 
 # compute capability: (its GPUs, its shared memory per block in bytes: the opt-in maximum)
 TARGETS = {80: ("A100", 166_912), 86: ("RTX 3090, A10, A40, RTX A6000", 101_376),
@@ -100,18 +99,15 @@ def main():
     for capability, (gpus, max_shared) in TARGETS.items():
         target = GPUTarget("cuda", capability, 32)
         took, settings = takes(model, capability, max_shared)
-        checked = [(kernel, train_gpt.KERNEL_SETTINGS[kernel][index], True)
-                   for kernel, index in settings.items()]
-        if capability in (86, 90):
-            checked += [("mlp", setting, False) for setting in SMALLER_MLP_SETTINGS.values()]
         builds = []
-        for kernel, setting, chosen in checked:
-            for variant in LAUNCHES[kernel][2] if chosen else ["forward"]:
+        for kernel, index in settings.items():
+            setting = train_gpt.KERNEL_SETTINGS[kernel][index]
+            for variant in LAUNCHES[kernel][2]:
                 compiled = build(kernel, setting, variant, target)
                 ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
                 buffers = re.findall(r"!ttg.memdesc<(\d+)x\d+x\d+xbf16", ttgir)
                 builds.append(dict(
-                    kernel=kernel, setting=setting, chosen=chosen, variant=variant,
+                    kernel=kernel, setting=setting, variant=variant,
                     shared_bytes=compiled.metadata.shared,
                     need=train_gpt.shared_memory(kernel, setting, capability // 10),
                     wgmma="wgmma" in ptx, stages=max(map(int, buffers), default=1),

@@ -25,13 +25,6 @@ from train_gpt import (GPT, HeadLoss, Hyperparameters, Kernel, ReluSquareMLP, he
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU_BUILDS = Path(__file__).resolve().parent / "kernels_for_gpus.py"
 SOFTCAP = Hyperparameters.softcap
-# Settings of the MLP kernel within the 99 KB per block of sm_86, sm_89 and sm_120, which
-# tests/test_gpu.py forces on the GPU at hand and tests/kernels_for_gpus.py builds for those
-# targets: 3 stages, or tiles of 128 columns.
-SMALLER_MLP_SETTINGS = {
-    "3-stages": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-    "128-columns": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8,
-                        num_stages=4)}
 # Without Triton (PyTorch's CPU-only builds, macOS) the script runs the recipe's torch code, and
 # only the tests that launch a kernel, on a GPU or in the interpreter, have nothing to test.
 needs_triton = pytest.mark.skipif(train_gpt.triton is None, reason=(
@@ -282,8 +275,9 @@ def small_model(model_dim=128, embed_dtype=torch.float32):
     ((9, 232_448), torch.bfloat16, ("kernel", "kernel")),  # an H100
     ((9, 232_448), torch.float32, ("kernel", "recipe")),  # a stream in fp32, which the MLP
     ((8, 166_912), torch.bfloat16, ("kernel", "kernel")),  # an A100   kernel multiplies in bf16
-    ((8, 101_376), torch.bfloat16, ("kernel", "recipe")),  # an RTX 3090: 99 KB per block
-    ((12, 101_376), torch.bfloat16, ("kernel", "recipe")),  # an RTX 5090
+    ((8, 101_376), torch.bfloat16, ("kernel", "kernel")),  # an RTX 3090: 99 KB per block
+    ((12, 101_376), torch.bfloat16, ("kernel", "kernel")),  # an RTX 5090
+    ((8, 99_000), torch.bfloat16, ("kernel", "recipe")),  # 328 bytes short of the MLP's
     ((9, 1_024), torch.bfloat16, ("recipe", "recipe"))])  # a GPU no setting fits
 def test_each_kernel_runs_where_one_of_its_settings_fits_the_gpu(gpu, embed_dtype, expected,
                                                                   monkeypatch):
@@ -361,8 +355,8 @@ def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_tha
     """Triton's compiler and ptxas, not its interpreter, with an empty kernel cache, for each
     target: the shared memory that train_gpt.shared_memory works out for a setting is the
     build's, with at most 1 KiB and 16 bytes to spare, never less; the setting a GPU takes fits
-    it, with no local memory; where none fits (the 99 KB GPUs, for the MLP), the model keeps the
-    recipe's torch function."""
+    it, with no local memory; every target takes both kernels, the 99 KB GPUs the MLP's second
+    setting."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(GPU_BUILDS)], capture_output=True, text=True,
                             env=env | {"TRITON_CACHE_DIR": str(tmp_path)}, timeout=300)
@@ -374,18 +368,17 @@ def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_tha
             where = (capability, build["kernel"], build["setting"], build["variant"])
             assert build["shared_bytes"] <= build["need"] <= build["shared_bytes"] + 1040, where
             assert build["local_bytes"] == 0, where
-            assert not build["chosen"] or build["need"] <= target["max_shared"], where
-        # no MLP setting of the list fits 99 KB yet (86, 89, 120); the smaller ones would
-        mlp = "kernel" if capability in ("80", "90", "100") else "recipe"
-        assert target["takes"] == dict(head="kernel", mlp=mlp), capability
-    smaller = [build for build in targets["86"]["builds"] if not build["chosen"]]
-    assert len(smaller) == 2 and all(build["need"] <= 101_376 for build in smaller)
-    h100_mlp = [build for build in targets["90"]["builds"] if build["kernel"] == "mlp"
-                and build["chosen"]]  # its setting, the first, on pipelined tensor cores
-    assert [build["variant"] for build in h100_mlp] == ["forward", "backward"]
-    for build in h100_mlp:
-        assert build["setting"] == train_gpt.KERNEL_SETTINGS["mlp"][0] and build["wgmma"]
-        assert build["stages"] == train_gpt.KERNEL_SETTINGS["mlp"][0]["num_stages"]
+            assert build["need"] <= target["max_shared"], where
+        assert target["takes"] == dict(head="kernel", mlp="kernel"), capability
+        # the 99 KB GPUs (86, 89, 120) take the MLP's second setting, the others its first
+        setting = train_gpt.KERNEL_SETTINGS["mlp"][0 if target["max_shared"] > 101_376 else 1]
+        mlp = [(build["variant"], build["setting"]) for build in target["builds"]
+               if build["kernel"] == "mlp"]
+        assert mlp == [("forward", setting), ("backward", setting)], capability
+    for build in targets["90"]["builds"]:  # the H100's MLP, on pipelined tensor cores
+        if build["kernel"] == "mlp":
+            assert build["wgmma"], build
+            assert build["stages"] == train_gpt.KERNEL_SETTINGS["mlp"][0]["num_stages"], build
 
 
 def test_without_triton_the_kernel_tests_skip_with_their_reason():
