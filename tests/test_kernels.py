@@ -393,3 +393,15 @@ def test_without_triton_the_kernel_tests_skip_with_their_reason():
     summary = result.stdout.splitlines()[-1]
     assert " passed" in summary and " skipped" in summary and "failed" not in summary, summary
     assert "needs Triton, which comes with PyTorch's CUDA builds" in result.stdout
+
+
+@needs_triton
+@pytest.mark.parametrize("gpu, setting", [((9, 232_448), 0), ((8, 166_912), 0),
+                                          ((8, 101_376), 1), ((12, 101_376), 1)])
+def test_the_mlp_kernel_takes_the_first_of_its_settings_that_fits(gpu, setting, monkeypatch):
+    """The H100's and the A100's take the first, the 99 KB GPUs (an RTX 3090, an RTX 5090) the
+    second: a list in another order would give the 99 KB GPUs' to every GPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: StandInGPU(*gpu))
+    model = small_model(embed_dtype=torch.bfloat16)
+    use_kernels(model, torch.device("cuda", 0))
+    assert model.blocks[0].mlp.relu_square_mlp.setting == setting
