@@ -526,7 +526,8 @@ class DistributedDataLoader:
     def __init__(self, filename_pattern, rank, world_size, device="cpu", vocab_size=50257):
         self.files = sorted(glob.glob(filename_pattern))
         if not self.files:
-            raise UserError(f"no shard matches {filename_pattern!r}; {DOWNLOAD_HINT}")
+            raise UserError(f"no shard matches {filename_pattern!r}: check --train_files and "
+                            f"--val_files, or {DOWNLOAD_HINT}")
         for path in self.files:
             check_shard(path)
         self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
@@ -947,8 +948,8 @@ def log_train_line(log, step, loss, ms, args):
         f"train_loss:{loss:.4f}")
 
 def log_val_line(log, step, loss, ms, args):
-    log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms"
-        + (f" step_avg:{ms / step:.2f}ms" if step else ""))  # no average before a step
+    log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms "
+        f"step_avg:{ms / step if step else 0:.2f}ms")  # 0.00 before the first step
 
 # ----------------------------------------------------------------------- checkpoints and stops
 # A checkpoint holds the whole training state and the step: a resumed run takes the same batches
