@@ -51,7 +51,7 @@ import torch._inductor.config as inductor_config
 import torch.distributed as dist
 
 from step_map import ProfiledWork, map_report, step_map
-from training_script import TRAIN_GPT, load_script
+from training_script import TRAIN_GPT, load_script, run_tool
 
 sys.path.insert(0, str(TRAIN_GPT.parent))
 from train_gpt import BLOCK_SIZE, EOT_TOKEN  # noqa: E402
@@ -339,4 +339,4 @@ def measure(own, script, args):
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training_script import TRAIN_GPT, load_script
+from training_script import TRAIN_GPT, load_script, run_tool
 
 
 def evict_from_page_cache(path):
@@ -39,10 +39,15 @@ def main():
     parser.add_argument("--boundaries", type=int, default=2, help="shard boundaries to cross")
     parser.add_argument("--step-ms", type=float, default=150.0, help="time between calls")
     parser.add_argument("--batch", type=int, default=8 * 64 * 1024, help="global batch")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--script", default=TRAIN_GPT,
                         help="the training script whose loader to time (default: train_gpt.py)")
     args = parser.parse_args()
+    if min(args.tokens, args.boundaries, args.batch) < 1 or args.step_ms < 0:
+        parser.error("--tokens, --boundaries and --batch must be 1 or more, --step-ms 0 or more")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device=cuda: no CUDA GPU is visible; use --device=cpu")
     script = load_script(args.script)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
@@ -79,4 +84,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from training_script import TRAIN_GPT, load_script
+from training_script import TRAIN_GPT, load_script, run_tool
 
 
 def main():
@@ -23,6 +23,8 @@ def main():
     parser.add_argument("--script", default=TRAIN_GPT,
                         help="the training script whose Muon to time (default: train_gpt.py)")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps={args.steps}: time at least 1 step")
     Muon = load_script(args.script).Muon
     cuda = torch.cuda.is_available()
     if "RANK" in os.environ:
@@ -53,4 +55,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

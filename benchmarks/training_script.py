@@ -20,3 +20,14 @@ def load_script(path=TRAIN_GPT):
     sys.modules[path.stem] = module  # as an import would: dataclasses look the module up
     spec.loader.exec_module(module)
     return module
+
+
+def run_tool(main):
+    """Run a tool's `main()`: bad input that the training script refuses (its UserError) ends
+    the tool with the script's one-line message, not a traceback."""
+    try:
+        main()
+    except Exception as error:
+        if type(error).__name__ != "UserError":  # each copy of the script has its own class
+            raise
+        sys.exit(f"error: {error}")
