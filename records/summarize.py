@@ -24,9 +24,11 @@ matplotlib.
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.backend_bases
 import matplotlib.ticker
 import numpy as np
 from scipy import stats
@@ -99,6 +101,7 @@ def summarize(folder):
                 mean=losses.mean() if finished else nan,
                 std=losses.std(ddof=1) if len(losses) > 1 else nan,
                 p=p_below_target(losses),
+                lengths=sorted({steps for _, _, steps in finished}),
                 time_s=np.mean([ms for _, ms, _ in finished]) / 1e3 if finished else nan,
                 step_ms=np.mean([ms / steps for _, ms, steps in finished]) if finished else nan)
 
@@ -140,12 +143,34 @@ def plot(folders, path, reference):
     return fig
 
 
+def find_folder(folder, parser):
+    """`folder` as given, or else the folder of that name under records/ (as the listing names
+    them); a bad name is refused before anything is read."""
+    for path in (folder, HERE / folder):
+        if path.is_dir():
+            return path
+    parser.error(f"{folder}: no such folder, here or under {HERE}")
+
+
+def check_plot_path(path, parser):
+    """Refuse a --plot file of a format that matplotlib does not write, before the logs are
+    read."""
+    formats = matplotlib.backend_bases.FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        parser.error(f"--plot={path}: matplotlib writes {', '.join(sorted(formats))}; end the "
+                     f"name with one of them, e.g. curves.png")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folders", nargs="*", type=Path, help="default: every folder here")
+    parser.add_argument("folders", nargs="*", type=Path,
+                        help="paths, or names of folders under records/ (default: all of those)")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="draw the curves to this file")
     args = parser.parse_args(argv)
-    folders = args.folders or sorted(p for p in HERE.iterdir() if p.is_dir())
+    folders = [find_folder(folder, parser) for folder in args.folders] or sorted(
+        p for p in HERE.iterdir() if p.is_dir())
+    if args.plot:
+        check_plot_path(args.plot, parser)
     reference = load_reference()
     print("Over the finished runs of each folder; logs of runs that did not finish are named "
           "below it and left out.")
@@ -162,6 +187,9 @@ def main(argv=None):
                   f"{s['p']:>9.2g} {s['time_s']:>10.1f}s {s['step_ms']:>7.2f}ms  {verdict}")
         else:
             print(f"{folder.name:<40} {0:>4}  no finished runs")
+        if len(s["lengths"]) > 1:
+            print(f"  the finished runs planned {' and '.join(map(str, s['lengths']))} steps: "
+                  f"the mean mixes configurations")
         if s["unfinished"]:
             print(f"  {len(s['unfinished'])} of {s['runs'] + len(s['unfinished'])} runs did "
                   f"not finish, left out: {', '.join(s['unfinished'])}")
@@ -172,7 +200,10 @@ def main(argv=None):
           f"{reference['mean']:>9.4f} {reference['std']:>7.4f} {'':>9} {ms / 1e3:>10.1f}s "
           f"{ms / reference['timed_steps']:>7.2f}ms")
     if args.plot:
-        plot(folders, args.plot, reference)
+        try:
+            plot(folders, args.plot, reference)
+        except OSError as error:
+            sys.exit(f"error: --plot={args.plot}: {error.strerror}")
         print(f"curves drawn to {args.plot}")
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "records"))
-from summarize import (COLOURS, final_result, load_reference, main, p_below_target,  # noqa: E402
-                       plot, summarize, val_curve)
+from summarize import (COLOURS, HERE, final_result, load_reference, main,  # noqa: E402
+                       p_below_target, plot, summarize, val_curve)
 
 
 def losses_with_t(t, n):
@@ -194,3 +194,44 @@ def test_many_folders_keep_apart(tmp_path):
                for c, _ in styles)
     legend = fig.legends[0].get_window_extent()
     assert all(legend.y1 <= ax.get_tightbbox().y0 + 1 for ax in fig.axes)  # below the axes
+
+
+def test_a_folder_is_found_by_its_listed_name_and_a_bad_one_refused(tmp_path, monkeypatch,
+                                                                    capsys):
+    """The listing names the folders under records/; those names work from any folder."""
+    monkeypatch.chdir(tmp_path)
+    main(["smoke_cpu"])
+    assert re.search(r"^smoke_cpu +1 +5\.\d{4} ", capsys.readouterr().out, re.MULTILINE)
+    with pytest.raises(SystemExit) as stopped:
+        main(["smoke_cpu", "nothere"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: nothere: no such folder, here or under {HERE}\n")
+
+
+def test_runs_of_different_lengths_are_said_to_mix(tmp_path, capsys):
+    write_log(tmp_path, "short.txt", 6.2, 1_000, steps=10)
+    write_log(tmp_path, "long.txt", 5.5, 70_000, steps=150)
+    main([str(tmp_path)])
+    assert "\n  the finished runs planned 10 and 150 steps: the mean mixes configurations\n" in \
+        capsys.readouterr().out
+
+
+def test_a_plot_of_a_format_matplotlib_cannot_write_is_refused_first(tmp_path, capsys):
+    write_log(tmp_path, "run.txt", 3.3, 1000, steps=10)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path), f"--plot={tmp_path}/curves.jpgx"])
+    assert stopped.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # before any log is read
+    assert re.fullmatch(r"\S+: error: --plot=\S+/curves\.jpgx: matplotlib writes avif, .*png.*; "
+                        r"end the name with one of them, e\.g\. curves\.png",
+                        err.splitlines()[-1])
+
+
+def test_a_plot_that_cannot_be_saved_ends_in_one_line(tmp_path):
+    write_log(tmp_path, "run.txt", 3.3, 1000, steps=10)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path), f"--plot={tmp_path}/nofolder/curves.png"])
+    assert stopped.value.code == (f"error: --plot={tmp_path}/nofolder/curves.png: No such file "
+                                  f"or directory")
