@@ -33,8 +33,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import tiktoken
-from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+try:
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+except ImportError:
+    sys.exit("error: make_sample.py tokenizes with tiktoken: pip install -r data/requirements.txt")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))

@@ -97,9 +97,15 @@ def main(argv=None):
     parser.add_argument("--dir", default=DEFAULT_DIR, help=f"target folder (default {DEFAULT_DIR})")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name in ("num_train", "tokens", "val_tokens"):
-        if getattr(args, name) < (0 if name == "num_train" else 2):
-            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is too small")
+    if args.num_train < 0:
+        parser.error(f"the number of train shards is {args.num_train}; give 0 or more")
+    for option, value in (("--tokens", args.tokens), ("--val-tokens", args.val_tokens)):
+        if not 2 <= value < 2**31:  # a shard's header holds its count as an int32
+            parser.error(f"{option}={value} must lie in [2, 2**31)")
+    try:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--dir={args.dir}: cannot make the folder ({error.strerror})")
     write_synthetic_shards(args.dir, args.num_train, args.tokens, args.val_tokens, args.seed)
 
 

@@ -1,4 +1,5 @@
 """Data section: the shard format, its checks, and the token stream of DistributedDataLoader."""
+import re
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from train_gpt import DistributedDataLoader, UserError, check_shard, read_shard,
 DATA = Path(__file__).resolve().parent.parent / "data"
 SAMPLE = DATA / "shakespeare"
 sys.path.insert(0, str(DATA))
+import synthetic_fineweb  # noqa: E402
 from synthetic_fineweb import write_synthetic_shards  # noqa: E402
 
 
@@ -163,6 +165,19 @@ def test_synthetic_shards_are_shaped_like_fineweb(tmp_path):
     counts = np.bincount(stream, minlength=50257)
     assert counts[0] > counts[1] > counts[10] > counts[1000] > 0  # token id = frequency rank
     assert abs(counts[0] / counts[9] / ((9 + 2.7) / 2.7) - 1) < 0.1  # Zipf, 1 / (k + 2.7)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--", "-1"], r"the number of train shards is -1; give 0 or more"),
+    (["--tokens=1"], r"--tokens=1 must lie in \[2, 2\*\*31\)"),
+    (["--val-tokens=2147483648"], r"--val-tokens=2147483648 must lie in \[2, 2\*\*31\)"),
+    (["--dir=/dev/null/shards"], r"--dir=/dev/null/shards: cannot make the folder \(Not a "
+                                 r"directory\)")])
+def test_synthetic_shards_refuse_bad_input_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        synthetic_fineweb.main(argv)
+    assert stopped.value.code == 2
+    assert re.fullmatch(r"\S+: error: " + message, capsys.readouterr().err.splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- bad input
