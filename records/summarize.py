@@ -1,18 +1,19 @@
 """Summarize the runs of each record folder (is the 3.28 target met?) and draw their loss curves.
 
     python records/summarize.py                          # every folder under records/
-    python records/summarize.py records/FOLDER ...       # some folders
+    python records/summarize.py FOLDER ...               # some (paths, or names under records/)
     python records/summarize.py --plot curves.png [...]  # and draw them
 
 For each folder it reads the run logs in it (the *.txt files that train_gpt.py wrote; other text
-files are not runs) and prints the number of finished runs, the mean and standard deviation of
-their final validation loss, the p-value of a one-sided one-sample t-test of "mean < 3.28", the
-mean training time and the mean time per step. A result claims the target only with p < 0.01.
-These statistics cover the finished runs alone: a log without its final validation (a run that
-diverged, crashed or was killed) is counted and named under its folder, and left out of them,
-which favours the runs that survived. A stopped run that a later log continues (--resume, which
-logs the run it continues) is named with that log, which counts it once. The 2025-01-04 record's
-figures, from reference_2025-01-04.json beside this file, come last, for comparison.
+files are not runs) and prints the number of finished runs, the mean and standard deviation of their
+final validation loss, the p-value of a one-sided one-sample t-test of "mean < 3.28", the mean
+training time and the mean time per step. A result claims the target only with p < 0.01. These
+statistics cover the finished runs alone: a log without its final validation (a run that diverged,
+crashed or was killed) is counted and named under its folder, and left out of them, which favours
+the runs that survived. A stopped run that a later log continues (--resume, which logs the run it
+continues) is named with that log, which counts it once; runs of different lengths in one folder are
+said to mix configurations. The 2025-01-04 record's figures, from reference_2025-01-04.json beside
+this file, come last, for comparison.
 
 Compare the time per step with the record's: its clock left out its first 10 steps (148.08 ms =
 204,345 ms / 1,380 steps), train_gpt.py's counts all of them.
@@ -82,8 +83,8 @@ def p_below_target(losses):
 def summarize(folder):
     """Per-folder numbers as a dict: over the finished runs; the logs of runs that did not
     finish; and the logs of runs that did not finish but that a later log continues (with
-    --resume, in a run of its own that names the one it continues). None when the folder holds
-    no run log."""
+    --resume, in a run of its own that names the one it continues); and the numbers of steps the
+    finished runs planned (`lengths`). None when the folder holds no run log."""
     logs = run_logs(folder)
     if not logs:
         return None
@@ -156,7 +157,7 @@ def check_plot_path(path, parser):
     """Refuse a --plot file of a format that matplotlib does not write, before the logs are
     read."""
     formats = matplotlib.backend_bases.FigureCanvasBase.get_supported_filetypes()
-    if path.suffix.lstrip(".").lower() not in formats:
+    if path.suffix and path.suffix.lstrip(".").lower() not in formats:  # none: a png
         parser.error(f"--plot={path}: matplotlib writes {', '.join(sorted(formats))}; end the "
                      f"name with one of them, e.g. curves.png")
 
@@ -202,8 +203,8 @@ def main(argv=None):
     if args.plot:
         try:
             plot(folders, args.plot, reference)
-        except OSError as error:
-            sys.exit(f"error: --plot={args.plot}: {error.strerror}")
+        except (OSError, RuntimeError) as error:  # a folder that is not there; pgf's LaTeX
+            sys.exit(f"error: --plot={args.plot}: {getattr(error, 'strerror', None) or error}")
         print(f"curves drawn to {args.plot}")
 
 

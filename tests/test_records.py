@@ -42,7 +42,7 @@ def test_no_p_value_without_a_spread():
 
 
 def write_log(folder, name, final_loss, train_ms, steps=1390):
-    lines = [f"step:0/{steps} val_loss:10.8258 train_time:0ms",
+    lines = [f"step:0/{steps} val_loss:10.8258 train_time:0ms step_avg:0.00ms",
              f"step:{steps}/{steps} train_time:{train_ms}ms step_avg:1.00ms train_loss:3.3",
              f"step:{steps}/{steps} val_loss:{final_loss:.4f} train_time:{train_ms}ms "
              f"step_avg:1.00ms", "peak memory consumption: 31563 MiB"]
@@ -227,6 +227,12 @@ def test_a_plot_of_a_format_matplotlib_cannot_write_is_refused_first(tmp_path, c
     assert re.fullmatch(r"\S+: error: --plot=\S+/curves\.jpgx: matplotlib writes avif, .*png.*; "
                         r"end the name with one of them, e\.g\. curves\.png",
                         err.splitlines()[-1])
+
+
+def test_a_plot_named_without_a_format_is_a_png(tmp_path):
+    write_log(tmp_path, "run.txt", 3.3, 1000, steps=10)
+    main([str(tmp_path), f"--plot={tmp_path}/curves"])
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_plot_that_cannot_be_saved_ends_in_one_line(tmp_path):
