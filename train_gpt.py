@@ -949,7 +949,7 @@ def log_train_line(log, step, loss, ms, args):
 
 def log_val_line(log, step, loss, ms, args):
     log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms "
-        f"step_avg:{ms / step if step else 0:.2f}ms")  # 0.00 before the first step
+        f"step_avg:{ms / step if step else 0:.2f}ms")  # every field, for the log's parsers
 
 # ----------------------------------------------------------------------- checkpoints and stops
 # A checkpoint holds the whole training state and the step: a resumed run takes the same batches

@@ -26,7 +26,7 @@ if os.environ.get("RANK", "0") == "0":
     n = (log_dir.parent / "order.txt").read_text().split().count(NAME)
     ms, loss = STEP_AVGS[n - 1], VAL_LOSSES[n - 1]
     (log_dir / "0f1e.txt").write_text(
-        "step:0/5 val_loss:10.8258 train_time:0ms\\n"
+        "step:0/5 val_loss:10.8258 train_time:0ms step_avg:0.00ms\\n"
         f"step:4/5 train_time:1ms step_avg:999.00ms train_loss:3.1\\n"
         f"step:5/5 train_time:{5 * ms:.0f}ms step_avg:{ms + 0.4:.2f}ms train_loss:3.0\\n"
         f"step:5/5 val_loss:{loss:.4f} train_time:{5 * ms:.0f}ms step_avg:{ms:.2f}ms\\n")
