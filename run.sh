@@ -14,6 +14,11 @@ if [ "$gpus" = 0 ]; then
     fi
     echo "No CUDA GPU here: running the CPU smoke run (python train_gpt.py --preset=smoke)." \
          "The real run, on a GPU machine: ./run.sh"
+    if [ -n "${NPROC_PER_NODE:-}" ]; then
+        echo "NPROC_PER_NODE counts GPUs; the smoke run is one process (several on a" \
+             "CPU: torchrun --standalone --nproc_per_node=$NPROC_PER_NODE train_gpt.py" \
+             "--preset=smoke)"
+    fi
     # Keep freed memory in the process: fresh pages for every step's tensors cost more than the math.
     export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
     exec python train_gpt.py --preset=smoke "$@"

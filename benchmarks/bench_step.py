@@ -244,7 +244,10 @@ def parse(argv):
     if own.steps < 1 or own.warmup < 0 or own.profile < 0:
         parser.error("--steps must be 1 or more, --warmup and --profile 0 or more")
     script = load_script(own.script)
-    return own, script, script.parse_args(overrides)
+    args = script.parse_args(overrides)
+    if own.at_step is not None and not 0 <= own.at_step < args.num_iterations:
+        parser.error(f"--at_step={own.at_step}: the run's steps are 0 to {args.num_iterations - 1}")
+    return own, script, args
 
 
 def main(argv=None):

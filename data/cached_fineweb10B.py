@@ -22,7 +22,7 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, Remo
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import UserError, check_shard, parse_args  # noqa: E402  (the script's own rules)
+from train_gpt import DOWNLOAD_HINT, UserError, check_shard, parse_args  # noqa: E402  (its rules)
 
 REPO_ID = "kjj0/fineweb10B-gpt2"
 DEFAULT_DIR = Path(__file__).resolve().parent / "fineweb10B"
@@ -80,16 +80,18 @@ def one_line(err):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("num_train", nargs="?", type=int, default=8,
+    parser.add_argument("num_train", nargs="?", type=int,
                         help="number of 100M-token train shards (default 8, the reference run)")
     parser.add_argument("--dir", default=DEFAULT_DIR, help=f"target folder (default {DEFAULT_DIR})")
     parser.add_argument("--for_run", nargs=argparse.REMAINDER, metavar="ARGUMENTS",
                         help="instead of num_train: only what train_gpt.py run with these "
                              "arguments reads (must come last)")
     args = parser.parse_args(argv)
-    if args.num_train < 0:
-        parser.error(f"number of train shards must be 0 or more, got {args.num_train}")
-    val, num_train = True, args.num_train
+    if args.num_train is not None and args.for_run is not None:
+        parser.error(f"give the number of train shards ({args.num_train}) or --for_run, not both")
+    val, num_train = True, 8 if args.num_train is None else args.num_train
+    if num_train < 0:
+        parser.error(f"number of train shards must be 0 or more, got {num_train}")
     if args.for_run is not None:
         try:
             val, num_train = shards_for_run(args.for_run, args.dir)
@@ -105,8 +107,9 @@ def main(argv=None):
         sys.exit(f"error: could not download from the Hugging Face dataset {REPO_ID}: "
                  f"{one_line(err)}\nCheck the network connection (and HF_ENDPOINT if set), then "
                  f"run this again: shards already downloaded are kept.")
-    except UserError as err:
-        sys.exit(f"error: a downloaded shard is not valid: {err}")
+    except UserError as err:  # its advice, to download the shards, is this very command
+        sys.exit(f"error: a downloaded shard is not valid: "
+                 f"{str(err).removesuffix('; ' + DOWNLOAD_HINT)}; run this again to fetch it anew")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ def test_a_downloaded_file_with_a_bad_header_is_an_error(tmp_path, served):
     assert "Traceback" not in result.stderr
     assert "not valid" in result.stderr and NAMES[1] in result.stderr
     assert "magic number is 0" in result.stderr
+    assert result.stderr.endswith("not a token shard; run this again to fetch it anew\n")
 
 
 def test_a_shard_the_hub_does_not_have(tmp_path, served):
@@ -105,6 +106,13 @@ def test_unreachable_hub_is_a_readable_error(tmp_path):
 def test_negative_shard_count_is_refused(tmp_path):
     result = download(tmp_path, "http://127.0.0.1:9", "-1")
     assert result.returncode == 2 and "must be 0 or more" in result.stderr
+
+
+def test_a_shard_count_beside_for_run_is_refused(tmp_path):
+    result = download(tmp_path, "http://127.0.0.1:9", "2", "--for_run", "--num_iterations=10")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith(
+        "error: give the number of train shards (2) or --for_run, not both")
 
 
 # ----------------------------------------------------------------------------- what a run reads
@@ -176,3 +184,22 @@ def test_run_sh_trains_offline_on_data_elsewhere(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "torchrun_args").read_text().split() == [
         "--standalone", "--nproc_per_node=8", "train_gpt.py", *data, "--num_iterations=5"]
+
+
+def test_run_sh_without_a_gpu_says_that_nproc_per_node_counts_gpus(tmp_path):
+    """A stand-in python sees no GPU and records what it would run; nvidia-smi sees none."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\nif [ "$1" = -c ]; then echo 0; exit 0; fi\necho "$@" > {tmp_path}/args\n')
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NPROC_PER_NODE="2")
+    result = subprocess.run(["bash", str(ROOT / "run.sh")], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        "NPROC_PER_NODE counts GPUs; the smoke run is one process (several on a CPU: torchrun "
+        "--standalone --nproc_per_node=2 train_gpt.py --preset=smoke)")
+    assert (tmp_path / "args").read_text() == "train_gpt.py --preset=smoke\n"

@@ -17,6 +17,8 @@ CASES = [  # (the tool and its arguments, its exit code, its last line of stderr
      r"download the shards with `python data/cached_fineweb10B\.py 8`"),
     ("bench_step.py --preset=smoke --num_iteration=3", 1,
      r"error: unrecognized arguments: --num_iteration=3 \(--help lists the hyperparameters\)"),
+    ("bench_step.py --preset=smoke --at_step=150", 2,
+     r"bench_step\.py: error: --at_step=150: the run's steps are 0 to 149"),
     ("time_muon.py --steps=0", 2, r"time_muon\.py: error: --steps=0: time at least 1 step"),
     ("time_loader.py --boundaries=0", 2, r"time_loader\.py: error: --boundaries=0: give 1 or more"),
     ("time_loader.py --step-ms=-5", 2, r"time_loader\.py: error: --step-ms=-5\.0: give 0 or more"),
