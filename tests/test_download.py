@@ -165,16 +165,21 @@ def test_for_run_fetches_only_what_the_run_reads(tmp_path, served):
     assert hub.gets == ["fineweb_train_000001.bin"]  # its val files are the default's, elsewhere
 
 
+def stand_in_tools(folder, **scripts):
+    """A folder of executable shell scripts, each named for the command it stands in for."""
+    folder.mkdir()
+    for name, body in scripts.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
 def test_run_sh_trains_offline_on_data_elsewhere(tmp_path):
     """./run.sh on a machine with GPUs (a stand-in python says 8, a stand-in torchrun records its
     arguments), with no network: shards elsewhere need no download."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(
-        f'#!/bin/sh\nif [ "$1" = -c ]; then echo 8; exit 0; fi\nexec {sys.executable} "$@"\n')
-    (bin_dir / "torchrun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/torchrun_args\n')
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
+    bin_dir = stand_in_tools(
+        tmp_path / "bin", torchrun=f'echo "$@" > {tmp_path}/torchrun_args',
+        python=f'if [ "$1" = -c ]; then echo 8; exit 0; fi\nexec {sys.executable} "$@"')
     data = [f"--train_files={tmp_path}/train_*.bin", f"--val_files={tmp_path}/val_*.bin"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", HF_HUB_OFFLINE="1",
@@ -188,13 +193,9 @@ def test_run_sh_trains_offline_on_data_elsewhere(tmp_path):
 
 def test_run_sh_without_a_gpu_says_that_nproc_per_node_counts_gpus(tmp_path):
     """A stand-in python sees no GPU and records what it would run; nvidia-smi sees none."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(
-        f'#!/bin/sh\nif [ "$1" = -c ]; then echo 0; exit 0; fi\necho "$@" > {tmp_path}/args\n')
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
+    bin_dir = stand_in_tools(
+        tmp_path / "bin", **{"nvidia-smi": "exit 9"},
+        python=f'if [ "$1" = -c ]; then echo 0; exit 0; fi\necho "$@" > {tmp_path}/args')
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NPROC_PER_NODE="2")
     result = subprocess.run(["bash", str(ROOT / "run.sh")], env=env, capture_output=True,
                             text=True, timeout=60)
