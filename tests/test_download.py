@@ -1,6 +1,7 @@
 """data/cached_fineweb10B.py, run as a user runs it, against a hub served on 127.0.0.1, and
 what run.sh has it download for a run."""
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -94,9 +95,11 @@ def test_a_shard_the_hub_does_not_have(tmp_path, served):
 
 
 def test_unreachable_hub_is_a_readable_error(tmp_path):
-    with HubStandIn(REPO_ID, {}) as hub:
-        url = hub.url  # the port is free again once the stand-in has stopped
-    result = download(tmp_path, url, "1", without_waits=True)  # its retries: 20 s of waits
+    # a port bound but never listening refuses every connection, and no other test can take it
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        result = download(tmp_path, url, "1", without_waits=True)  # its retries: 20 s of waits
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"could not download from the Hugging Face dataset {REPO_ID}" in result.stderr

@@ -7,7 +7,6 @@ import io
 import math
 import os
 import re
-import socket
 import struct
 import subprocess
 import sys
@@ -569,14 +568,12 @@ def test_a_new_run_may_not_take_a_run_id_that_has_a_log_or_checkpoints(tmp_path,
 
 
 def test_torchrun_sets_what_the_run_id_check_reads(tmp_path):
-    """torchrun as in the README's several-node command, but without --rdzv-id."""
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    """torchrun as in the README's several-node command, but without --rdzv-id; port 0 lets the
+    store take a free port as it binds, so no other test's can take it first."""
     out = tmp_path / "out"
     out.mkdir()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=1",
-               "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--max-restarts=1",
+               "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--max-restarts=1",
                str(Path(__file__).resolve().parent / "training_worker.py"), "train", str(out),
                *TINY, f"--log_dir={out}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
