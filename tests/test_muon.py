@@ -9,7 +9,7 @@ import torch
 
 from muon_worker import SHAPES
 from train_gpt import (GPT, Hyperparameters, Muon, build_optimizers, lr_multiplier,
-                       muon_momentum, window_blocks, zeropower_via_newtonschulz5)
+                       muon_momentum, optimizer_step, window_blocks, zeropower_via_newtonschulz5)
 
 
 def with_singular_values(rows, cols, seed):
@@ -159,6 +159,36 @@ def test_every_parameter_is_in_exactly_one_group():
     assert adam.defaults["betas"] == (0.8, 0.95) and adam.defaults["eps"] == 1e-8
     assert all(g["lr"] == 0.05 and g["nesterov"] and g["ns_steps"] == 5 for g in muon.param_groups)
     assert all(g["initial_lr"] == g["lr"] for opt in (adam, muon) for g in opt.param_groups)
+
+
+@pytest.mark.parametrize("step, multiplier, momentum", [(0, 1, 0.85), (150, 1, 0.90),
+                                                         (1112, 0.5, 0.95)])
+def test_optimizer_step_applies_the_schedules_of_its_step(step, multiplier, momentum):
+    """One step of fresh optimizers at `step` of 1390 (1112: 278 steps left, half the cooldown):
+    Adam's first update of an entry is its lr times g / (|g| + eps), Muon's is its lr times
+    the orthogonalized momentum, and both rates must be the step's before they are applied."""
+    torch.manual_seed(0)
+    model = GPT(vocab_size=50257, num_layers=2, num_heads=2, model_dim=64, max_seq_len=128)
+    args = Hyperparameters()
+    adam, muon = build_optimizers(model, args)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    before = {p: (p.detach().clone(), p.grad.clone()) for p in model.parameters()}
+    optimizer_step(adam, muon, step, args)
+    for group, lr in zip(adam.param_groups, (0.6, 0.008, 0.04)):
+        for p in group["params"]:
+            w, g = before[p]
+            torch.testing.assert_close(p.detach(), w - lr * multiplier * g / (g.abs() + 1e-8),
+                                       rtol=0, atol=1e-6)
+    for group in muon.param_groups:
+        assert group["momentum"] == pytest.approx(momentum)
+        for p in group["params"]:
+            w, g = before[p]
+            direction = (1 - momentum ** 2) * g  # Nesterov on a zero buffer: (1 - m) g (1 + m)
+            scale = math.sqrt(max(1, w.size(0) / w.size(1)))
+            torch.testing.assert_close(p.detach(), w - 0.05 * multiplier * scale
+                                       * newton_schulz(direction), rtol=0, atol=1e-6)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_schedules_at_start_sixty_percent_and_end():

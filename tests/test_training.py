@@ -376,8 +376,10 @@ def test_models_with_fewer_parts_train_on_two_ranks_as_on_one(layout, tmp_path):
 
 
 def test_gradients_are_averaged_over_sequences_and_ranks(tmp_path):
-    """Adam and Muon barely notice a scaled gradient, so compare the gradients themselves."""
-    one, two = launch(tmp_path, "grads", 1, TINY), launch(tmp_path, "grads", 2, TINY)
+    """Adam and Muon barely notice a scaled gradient, so compare the gradients themselves. Two
+    sequences a rank: DDP must average over the ranks only after the last sequence's backward."""
+    argv = TINY + ["--batch_size=1024"]
+    one, two = launch(tmp_path, "grads", 1, argv), launch(tmp_path, "grads", 2, argv)
     for name in one:
         scale = one[name].abs().max()
         assert scale > 0 and (one[name] - two[name]).abs().max() < 1e-5 * scale, name
@@ -423,6 +425,15 @@ def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
     for line, pattern in zip(steps, patterns):
         assert re.fullmatch(pattern, line), line
     assert re.fullmatch(r"peak memory consumption: \d+ MiB.*", lines[-1])
+    # the first step trains the zero head, so its loss is ln 50304 as validation's before it
+    assert steps[1].endswith(f"train_loss:{math.log(50304):.4f}")
+    # step_avg is train_time over the steps, each rounded; the clock never runs back
+    fields = [re.search(r"step:(\d+)/4.* train_time:(\d+)ms step_avg:([\d.]+)ms", line).groups()
+              for line in steps]
+    for step, ms, avg in [(int(a), int(b), float(c)) for a, b, c in fields[1:]]:
+        assert abs(avg * step - ms) <= 0.5 + 0.005 * step, (step, ms, avg)
+    times = [int(ms) for _, ms, _ in fields]
+    assert times == sorted(times)
 
 
 def test_the_compile_steps_show_each_step_and_log_their_time(tmp_path, capsys):
