@@ -607,6 +607,7 @@ def train(args, rank, world_size, device):
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device, args.vocab_size)
     check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
     model, compiled, ddp_model = build_model(args, device)  # may refuse kernels: see use_kernels
+    check_host_memory(model, sequence_length(args, world_size))
     run_id = make_run_id()
     resume = find_checkpoint(args, run_id, world_size)
     # every refusal of the configuration comes above: from here on, the run has a log
@@ -828,6 +829,25 @@ def check_config(args, world_size, val_shard_tokens):
     if args.val_tokens + 1 >= val_shard_tokens:  # the targets reach one token further
         raise UserError(f"the val shard holds {val_shard_tokens} tokens, not more than "
                         f"--val_tokens={args.val_tokens} + 1; validate on fewer tokens")
+
+def check_host_memory(model, seq_len):
+    """On a CPU, refuse sequences whose forward and backward cannot fit in the machine's memory,
+    shared by the processes torchrun starts on it, rather than be killed for them part-way.
+    Measured with PyTorch 2.11 in fp32, a token holds 4.2 copies of its logits at once, and 17
+    floats per layer and unit of width (36 where the layer has attention): the floor here
+    counts 3.5 and 14, and puts the reference's sequence of 65,536 tokens at 74.5 GiB."""
+    if model.lm_head.weight.is_cuda:  # where CUDA's own out-of-memory error gives the sizes
+        return
+    columns, width = model.lm_head.weight.shape
+    per_token = 14 * columns + 56 * len(model.blocks) * width  # bytes, 4 a float
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // processes
+    if seq_len * per_token > memory:
+        raise UserError(f"on a CPU, a sequence of {seq_len} tokens needs at least "
+                        f"{seq_len * per_token / 2**30:.1f} GiB, and this machine has "
+                        f"{memory / 2**30:.1f} GiB for each of its {processes} process(es), "
+                        f"enough for at most {memory // per_token} tokens: set a smaller "
+                        f"--micro_batch_size, or run the CPU smoke run, --preset=smoke")
 
 def all_ranks_mean(x):
     if dist.is_initialized():

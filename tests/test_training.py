@@ -271,6 +271,64 @@ def test_a_read_only_log_folder_is_refused(tmp_path, monkeypatch):
         main(TINY + [f"--log_dir={folder}"])
 
 
+def test_a_sequence_the_cpus_memory_cannot_hold_is_refused_before_the_log(tmp_path, monkeypatch):
+    """A stand-in machine that holds TINY's 256-token sequences for one process and not two:
+    at 14 bytes per head column and 56 per layer and unit of width, a token takes 711,424."""
+    per_token = 14 * 50304 + 56 * 2 * 64
+    real_sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: (
+        256 * per_token // 4096 + 1 if name == "SC_PHYS_PAGES" else
+        4096 if name == "SC_PAGE_SIZE" else real_sysconf(name)))
+    model = train_gpt.GPT(50257, num_layers=2, num_heads=1, model_dim=64)
+    train_gpt.check_host_memory(model, 256)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # as torchrun starts two processes on it
+    with pytest.raises(UserError) as refused:
+        main(TINY + [f"--log_dir={tmp_path}"])
+    assert str(refused.value) == (
+        "on a CPU, a sequence of 256 tokens needs at least 0.2 GiB, and this machine has 0.1 GiB "
+        "for each of its 2 process(es), enough for at most 128 tokens: set a smaller "
+        "--micro_batch_size, or run the CPU smoke run, --preset=smoke")
+    assert not list(tmp_path.glob("*.txt"))
+
+
+def test_the_cpus_memory_check_takes_what_a_step_takes(monkeypatch):
+    """The check refuses only what cannot fit, and not only the absurd: the resident memory
+    that 896 more tokens in a step take, measured without run.sh's allocator setting (which
+    keeps freed pages), must hold them, and half of it must not. Four layers of the reference's
+    width without attention, which take the fewest floats a token; a step of 128 tokens first
+    makes the weights' gradients. The peak is Linux's VmHWM: ru_maxrss would start from this
+    worker's, which it keeps across exec."""
+    layers = ["--num_layers=4", "--model_dim=768", "--num_heads=6", "--no_attention_layers=0,1,2,3"]
+    code = (f"import torch, train_gpt; torch.set_num_threads(1)\n"
+            f"args = train_gpt.parse_args({TINY + layers!r} + ['--micro_batch_size=1024'])\n"
+            f"model, _, _ = train_gpt.build_model(args, torch.device('cpu'))\n"
+            f"tokens = torch.randint(0, 50257, (1025,), generator=torch.Generator().manual_seed(0))"
+            f"\ndef peak_after(n):\n"
+            f"    train_gpt.train_step(model, tokens[:n], tokens[1:n + 1], torch.tensor(1), n)\n"
+            f"    status = open('/proc/self/status').read().split()  # not ru_maxrss: see below\n"
+            f"    return int(status[status.index('VmHWM:') + 1]) * 1024\n"
+            f"print(-peak_after(128) + peak_after(1024))")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    taken = int(result.stdout.split()[-1])
+    args = parse_args(TINY + layers)
+    model = train_gpt.GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
+                          no_attention_layers=args.no_attention_layers)
+    real_sysconf = os.sysconf
+    for memory, fits in [(taken, True), (taken // 2, False)]:
+        monkeypatch.setattr(os, "sysconf", lambda name: (
+            1 if name == "SC_PAGE_SIZE" else memory if name == "SC_PHYS_PAGES" else
+            real_sysconf(name)))
+        try:
+            train_gpt.check_host_memory(model, 1024 - 128)
+            accepted = True
+        except UserError:
+            accepted = False
+        assert accepted == fits, (memory, taken)
+
+
 @pytest.mark.parametrize("name, capability", [
     ("Tesla V100-SXM2-16GB", (7, 0)), ("Tesla T4", (7, 5)), ("NVIDIA A100-SXM4-80GB", (8, 0))])
 def test_a_gpu_without_bf16_is_refused_in_one_line_before_anything_is_built(name, capability):
