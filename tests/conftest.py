@@ -25,6 +25,10 @@ if not torch.cuda.is_available():
     # Fresh pages for every step's tensors cost the training processes more than their math: a
     # third of the suite's time went to the kernel's side of it.
     os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
+    # Inductor compiles in a pool of worker processes, each importing torch: on the suite's two
+    # cores that costs more than it saves (measured: 96 s of CPU against 78 s in one thread for
+    # the GPU path's two-rank test). The code it generates is the same.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 # The files whose tests run on the GPU where there is one; the others see none.
