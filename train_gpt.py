@@ -900,11 +900,21 @@ def log_run_header(log, args, world_size, train_files, val_files, model):
         f"{getattr(mlp, '__name__', mlp)}")
 
 def log_peak_memory(log, device):
+    log(f"peak memory consumption: {peak_memory_mib(device)} MiB" + (
+        "" if device.type == "cuda" else " (CPU run: peak resident set size of rank 0)"))
+
+def peak_memory_mib(device):
+    """This process's peak memory on `device`: CUDA's allocations, or on a CPU the resident set.
+    Linux's VmHWM, as ru_maxrss keeps the peak of the process that started this one across exec
+    (torchrun's, a notebook's); elsewhere ru_maxrss, in bytes on macOS."""
     if device.type == "cuda":
-        log(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 2**20} MiB")
-    else:  # ru_maxrss is in KiB on Linux
-        log(f"peak memory consumption: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"
-            f" MiB (CPU run: peak resident set size of rank 0)")
+        return torch.cuda.max_memory_allocated(device) // 2**20
+    try:
+        with open("/proc/self/status") as status:  # the line "VmHWM:   123456 kB"
+            kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        return kib // 1024
+    except FileNotFoundError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 2**20
 
 def run_compile_steps(train_one_step, steps, log, show):
     """Run the untimed steps that compile the model, each shown as it ends (`show`: rank 0), as

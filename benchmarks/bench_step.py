@@ -41,7 +41,6 @@ import collections
 import dataclasses
 import gzip
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -317,8 +316,7 @@ def measure(own, script, args):
         attention_tflop_per_step=flops[1] / 1e12,
         peak_tflops=own.peak_tflops,
         mfu=mfu,
-        peak_memory_mib=(torch.cuda.max_memory_allocated(device) // 2**20 if device.type == "cuda"
-                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024),
+        peak_memory_mib=script.peak_memory_mib(device),
         hyperparameters=dataclasses.asdict(args))
     if own.profile:
         stem = str(Path(own.json).with_suffix("")) + (f"_rank{rank}" if rank else "")

@@ -329,6 +329,21 @@ def test_the_cpus_memory_check_takes_what_a_step_takes(monkeypatch):
         assert accepted == fits, (memory, taken)
 
 
+def test_a_cpu_runs_peak_memory_is_its_own_not_its_parents():
+    """ru_maxrss keeps the peak of the process that started this one across exec: a process
+    that holds 3 GiB, then becomes one that imports the script, must report the second's peak
+    alone (torch's import: about 650 MiB)."""
+    code = ("import os, sys\n"
+            "held = bytearray(3 * 2**30)\n"
+            "held[::4096] = b'1' * (len(held) // 4096)  # every page resident\n"
+            "os.execv(sys.executable, [sys.executable, '-c', 'import torch, train_gpt; "
+            "print(train_gpt.peak_memory_mib(torch.device(\"cpu\")))'])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 200 < int(result.stdout) < 2048, result.stdout
+
+
 @pytest.mark.parametrize("name, capability", [
     ("Tesla V100-SXM2-16GB", (7, 0)), ("Tesla T4", (7, 5)), ("NVIDIA A100-SXM4-80GB", (8, 0))])
 def test_a_gpu_without_bf16_is_refused_in_one_line_before_anything_is_built(name, capability):
