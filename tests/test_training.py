@@ -280,6 +280,7 @@ def test_a_sequence_the_cpus_memory_cannot_hold_is_refused_before_the_log(tmp_pa
         256 * per_token // 4096 + 1 if name == "SC_PHYS_PAGES" else
         4096 if name == "SC_PAGE_SIZE" else real_sysconf(name)))
     model = train_gpt.GPT(50257, num_layers=2, num_heads=1, model_dim=64)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)  # one process, as without torchrun
     train_gpt.check_host_memory(model, 256)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # as torchrun starts two processes on it
     with pytest.raises(UserError) as refused:
