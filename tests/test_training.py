@@ -297,8 +297,7 @@ def test_the_cpus_memory_check_takes_what_a_step_takes(monkeypatch):
     that 896 more tokens in a step take, measured without run.sh's allocator setting (which
     keeps freed pages), must hold them, and half of it must not. Four layers of the reference's
     width without attention, which take the fewest floats a token; a step of 128 tokens first
-    makes the weights' gradients. The peak is Linux's VmHWM: ru_maxrss would start from this
-    worker's, which it keeps across exec."""
+    makes the weights' gradients."""
     layers = ["--num_layers=4", "--model_dim=768", "--num_heads=6", "--no_attention_layers=0,1,2,3"]
     code = (f"import torch, train_gpt; torch.set_num_threads(1)\n"
             f"args = train_gpt.parse_args({TINY + layers!r} + ['--micro_batch_size=1024'])\n"
@@ -306,8 +305,7 @@ def test_the_cpus_memory_check_takes_what_a_step_takes(monkeypatch):
             f"tokens = torch.randint(0, 50257, (1025,), generator=torch.Generator().manual_seed(0))"
             f"\ndef peak_after(n):\n"
             f"    train_gpt.train_step(model, tokens[:n], tokens[1:n + 1], torch.tensor(1), n)\n"
-            f"    status = open('/proc/self/status').read().split()  # not ru_maxrss: see below\n"
-            f"    return int(status[status.index('VmHWM:') + 1]) * 1024\n"
+            f"    return train_gpt.peak_memory_mib(torch.device('cpu')) * 2**20\n"
             f"print(-peak_after(128) + peak_after(1024))")
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
