@@ -38,10 +38,12 @@ SMALL = [f"--train_files={SAMPLE}/shakespeare_train_*.bin",
 def test_flex_attention_matches_dense_sdpa(dtype, tolerance):
     flex = torch.compile(flex_attention, dynamic=False)
     rng = np.random.default_rng(0)
+    generator = torch.Generator(device="cuda").manual_seed(0)
     for layout, window in [("many_short", 2), ("few_long", 5), ("block_edges", 1),
                            ("starts_with_eot", 3), ("no_eot", 16)]:
         inputs = random_documents(rng, 16, layout).cuda()
-        q, k, v = torch.randn(3, 1, 6, 16 * 128, 128, device="cuda").unbind(0)
+        q, k, v = torch.randn(3, 1, 6, 16 * 128, 128, device="cuda",
+                              generator=generator).unbind(0)
         window_blocks = torch.tensor(window, dtype=torch.int32, device="cuda")
         got = flex(q.to(dtype), k.to(dtype), v.to(dtype),
                    block_mask=build_block_mask(inputs, window_blocks))
@@ -196,9 +198,10 @@ def test_an_update_outlives_the_next_replay_of_its_cuda_graph():
     params = [torch.nn.Parameter(torch.zeros(768, 3072, device="cuda")) for _ in range(2)]
     muon = Muon(params, lr=0.05, momentum=0.95)
     group = muon.param_groups[0]
+    generator = torch.Generator(device="cuda").manual_seed(0)
     for step in range(4):  # the graph is warmed up and recorded in step 0, replayed after
         for p in params:
-            p.grad = torch.randn_like(p)
+            p.grad = torch.randn_like(p, generator=generator)
         first = muon._orthogonalized_update(params[0], group)
         kept = first.clone()
         second = muon._orthogonalized_update(params[1], group)
