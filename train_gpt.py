@@ -839,7 +839,8 @@ def check_host_memory(model, seq_len):
     if model.lm_head.weight.is_cuda:  # where CUDA's own out-of-memory error gives the sizes
         return
     columns, width = model.lm_head.weight.shape
-    per_token = 14 * columns + 56 * len(model.blocks) * width  # bytes, 4 a float
+    floats = 3.5 * columns + 14 * len(model.blocks) * width  # the floor's fp32 values a token
+    per_token = int(4 * floats)  # bytes
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // processes
     if seq_len * per_token > memory:
