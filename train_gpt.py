@@ -607,7 +607,8 @@ def train(args, rank, world_size, device):
     val_loader = DistributedDataLoader(args.val_files, rank, world_size, device, args.vocab_size)
     check_config(args, world_size, val_shard_tokens=len(val_loader.tokens))
     model, compiled, ddp_model = build_model(args, device)  # may refuse kernels: see use_kernels
-    check_host_memory(model, sequence_length(args, world_size))
+    seq_len = sequence_length(args, world_size)
+    check_host_memory(model, seq_len)
     run_id = make_run_id()
     resume = find_checkpoint(args, run_id, world_size)
     # every refusal of the configuration comes above: from here on, the run has a log
@@ -616,7 +617,6 @@ def train(args, rank, world_size, device):
     adam, muon = build_optimizers(model, args)
     stateful = (model, adam, muon, train_loader)  # what holds the training state
     window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
-    seq_len = sequence_length(args, world_size)
 
     def train_one_step(step):
         window.fill_(window_blocks(step, args.num_iterations))
