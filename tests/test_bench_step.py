@@ -85,8 +85,9 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path, monkeypatch):
     profile = (tmp_path / "bench_profile.txt").read_text()
     assert profile.startswith("1 step(s): GPU busy 0.00 ms")
     assert "The map of forward+backward" in profile and results["map"] == []
-    # its memory-bound floors at this machine's copy rate: a CPU's, between 1 GB/s and 1 TB/s
-    assert 1e-3 < results["map_copy_tb_per_s"] < 1
+    # its memory-bound floors at this machine's copy rate: a CPU's, between 0.1 GB/s and 1 TB/s
+    # (2 cores measured 13 GB/s idle and 3.7 busy), so that a slip of 1000 in the units shows
+    assert 1e-4 < results["map_copy_tb_per_s"] < 1
     assert rates == [pytest.approx(results["map_copy_tb_per_s"] * 1e12)]
     assert f"the rest at {results['map_copy_tb_per_s']:.3g} TB/s." in profile
     assert results["device"] == "cpu" and results["micro_batches_per_step"] == 2
