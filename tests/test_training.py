@@ -374,7 +374,7 @@ def launch(tmp_path, mode, nproc, argv, name=None):
     out = tmp_path / (name or f"{mode}{nproc}")
     out.mkdir()
     worker = str(Path(__file__).resolve().parent / "training_worker.py")
-    # the limit only stops a hang: the GPU path on two ranks has taken 128 s on 2 loaded cores
+    # stops a hang only: the whole two-rank GPU-path test has taken up to 128 s on 2 busy cores
     result = subprocess.run(launcher(nproc) + [worker, mode, str(out), *argv, f"--log_dir={out}"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
