@@ -1225,6 +1225,7 @@ KERNEL_SETTINGS = dict(
     mlp=[dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
          # the 99 KB GPUs (sm_86, sm_89, sm_120): the same tiles, one load fewer in flight
          dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)])
+HEAD_CHUNK_ROWS = 8192  # the logits made at a time: 8,192 x 50,304 in bf16 is 824 MB, not 6.6 GB
 # The code each kernel computes, as recipe_fingerprint() gives it: a copy that edits a recipe
 # function and not its kernel would train other code on a GPU than on a CPU.
 KERNEL_RECIPES = dict(head="484aad08653d", mlp="027de2b5e7a8")
@@ -1252,23 +1253,27 @@ def use_kernels(model, device):
             raise UserError(f"{os.path.basename(__file__)}: {getattr(recipe, '__name__', recipe)}"
                             f" is not the code that the {kernel} kernel computes, so a GPU would "
                             f"train other code than a CPU: run it with --kernels=false, or {fix}")
-    columns = model.lm_head.weight.size(0)  # the kernel sums exp(capped logit) with no maximum
-    largest = math.floor(math.log(torch.finfo(torch.float32).max / columns))
+    # The head kernel sums exp(capped logit) over a row without a running maximum, and scales
+    # the row by 1 / (rows x that sum), which must stay a normal fp32 number: for micro-batches
+    # of up to 2^24 rows, more than a GPU's memory holds.
+    columns = model.lm_head.weight.size(0)
+    largest = math.floor(math.log(2 ** -24 / torch.finfo(torch.float32).tiny / columns))
     if model.softcap > largest:
-        raise UserError(f"--softcap={model.softcap}: the head kernel sums exp(logit) over "
-                        f"{columns} columns in fp32, which holds caps up to {largest}; use a "
-                        f"smaller cap, or --kernels=false")
+        raise UserError(f"--softcap={model.softcap}: the head kernel scales each row by 1 / (rows"
+                        f" x its sum of exp(capped logit) over {columns} columns), a normal fp32 "
+                        f"number only for caps up to {largest}; use a smaller cap, or "
+                        f"--kernels=false")
     head_setting = first_fitting_setting("head", device)
     mlp_setting = first_fitting_setting("mlp", device)
     if head_setting is not None:
-        model.head_loss = Kernel(HeadLoss, "head", head_setting)
+        model.head_loss = Kernel(fused_head_loss, "head", head_setting)
     hidden, dim = mlps[0].c_fc.weight.shape
     in_bf16 = device.type != "cuda" or model.embed.weight.dtype == torch.bfloat16
     # every sequence is whole 128-token blocks: a setting's rows split it if they split 128
     if (mlp_setting is not None and in_bf16
             and mlp_fits_tiles(BLOCK_SIZE, dim, hidden, mlp_setting)):
         for mlp in mlps:
-            mlp.relu_square_mlp = Kernel(ReluSquareMLP, "mlp", mlp_setting)
+            mlp.relu_square_mlp = Kernel(ReluSquareMLP.apply, "mlp", mlp_setting)
 
 def recipe_fingerprint(fn, seen=()):
     """A hash of `fn`'s code (not its docstring, comments or layout) with the functions and
@@ -1318,47 +1323,103 @@ def mlp_fits_tiles(tokens, dim, hidden, setting):
             and dim % tile["BLOCK_K"] == 0)
 
 class Kernel:
-    """A recipe function's Triton form, called as the function is: `function`, an
-    autograd.Function, launched with setting number `setting` of KERNEL_SETTINGS[name]."""
+    """A recipe function's Triton form, called as the function is: `function`, which takes the
+    recipe function's arguments and the number of its launch setting in KERNEL_SETTINGS[name]."""
 
     def __init__(self, function, name, setting):
         self.function, self.setting = function, setting
-        self.__name__ = f"{function.__name__} (Triton, {KERNEL_SETTINGS[name][setting]})"
+        self.__name__ = f"the {name} kernel (Triton, {KERNEL_SETTINGS[name][setting]})"
 
     def __call__(self, *args):
-        return self.function.apply(*args, self.setting)
+        return self.function(*args, self.setting)
+
+def fused_head_loss(x, weight, targets, softcap, setting):
+    """`head_loss` through the head kernel: with its gradients where autograd will ask for them,
+    the loss alone where it will not (evaluation, under torch.no_grad)."""
+    if torch.is_grad_enabled():
+        return HeadLoss.apply(x, weight, targets, softcap, setting)
+    return softcapped_cross_entropy(x, weight, targets, softcap, False, setting)[0]
 
 class HeadLoss(torch.autograd.Function):
-    """`head_loss` as one product and one kernel, which turns the logits into their gradient in
-    place: a 65,536-token micro-batch has 6.6 GB of bf16 logits, read twice and written once."""
+    """`head_loss` a chunk of rows at a time: each chunk's logits are made by one product, turned
+    in place by the kernel into their gradient (in parts: see the kernel), and multiplied into
+    the gradients of x and of the head's weight. The 6.6 GB of a micro-batch's logits never
+    exist at once, and the backward only scales the two gradients by the incoming one."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, softcap, setting):
-        loss, grad_logits = softcapped_cross_entropy(x, weight, targets, softcap, setting)
-        ctx.save_for_backward(x, weight, grad_logits)
+        loss, grad_x, grad_weight = softcapped_cross_entropy(x, weight, targets, softcap, True,
+                                                             setting)
+        ctx.save_for_backward(grad_x, grad_weight)
+        ctx.weight_dtype = weight.dtype
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        x, weight, grad_logits = ctx.saved_tensors  # scale the products, not the 6.6 GB
-        return ((grad_logits @ weight) * grad_loss, (grad_logits.T @ x) * grad_loss,
+        grad_x, grad_weight = ctx.saved_tensors
+        return (grad_x * grad_loss, (grad_weight * grad_loss).to(ctx.weight_dtype),
                 None, None, None)
 
 @torch.library.custom_op(f"{OPS}::softcapped_cross_entropy", mutates_args=())
 def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                             softcap: float, setting: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean loss, its gradient over the logits x weight^T), with the head kernel's setting
-    number `setting`. Every target is a column of the logits: there is no ignored index."""
-    logits, rows = x @ weight.T, x.size(0)
+                             softcap: float, gradients: bool, setting: int
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean loss over the rows of the logits x weight^T; with `gradients`, its gradients over x,
+    and over weight in fp32, else two empty tensors), with the head kernel's setting number
+    `setting`. Every target is a column of the logits: there is no ignored index."""
+    rows = x.size(0)
     losses = torch.empty(rows, dtype=torch.float32, device=x.device)
-    softcapped_cross_entropy_kernel[(rows,)](logits, targets.contiguous(), losses, 1 / rows,
-                                             logits.size(1), softcap,
-                                             **KERNEL_SETTINGS["head"][setting])
-    return losses.mean(), logits
+    grad_x = x.new_empty(x.shape if gradients else 0)
+    grad_weight = torch.zeros(weight.shape if gradients else 0, dtype=torch.float32,
+                              device=x.device)
+    chunk_logits = x.new_empty(min(rows, HEAD_CHUNK_ROWS), weight.size(0))  # one, reused
+    for start in range(0, rows, HEAD_CHUNK_ROWS):
+        chunk = slice(start, start + HEAD_CHUNK_ROWS)
+        logits = torch.mm(x[chunk], weight.T, out=chunk_logits[:len(x[chunk])])
+        # in place, the logits become the unscaled shares of their gradient, 0 at the targets
+        row_scales, target_shares = softcapped_cross_entropy_rows(
+            logits, targets[chunk], losses[chunk], 1 / rows, softcap, gradients, setting)
+        if gradients:
+            row_scales, target_shares = row_scales[:, None], target_shares[:, None]
+            target = targets[chunk]
+            # x's: the targets' shares, and the rest's product, in fp32, scaled, rounded once
+            product = weight[target] * target_shares
+            add_product_in_fp32(product, logits, weight)
+            torch.mul(product, row_scales, out=grad_x[chunk])
+            # the weight's: the scales on x's side, one rounding more (of x times them), for the
+            # other side would take a second pass over the logits; the targets' in fp32
+            scaled_x = torch.mul(x[chunk], row_scales, out=torch.empty_like(x[chunk]))
+            add_product_in_fp32(grad_weight, logits.T, scaled_x)
+            grad_weight.index_add_(0, target, x[chunk] * (target_shares * row_scales))
+    return losses.mean(), grad_x, grad_weight
 
 @softcapped_cross_entropy.register_fake
-def _(x, weight, targets, softcap, setting):
-    return x.new_empty((), dtype=torch.float32), x.new_empty(x.size(0), weight.size(0))
+def _(x, weight, targets, softcap, gradients, setting):
+    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape if gradients else 0),
+            x.new_empty(weight.shape if gradients else 0, dtype=torch.float32))
+
+def softcapped_cross_entropy_rows(logits, targets, losses, scale, softcap, gradients, setting):
+    """The head kernel, with setting number `setting`, on each row of `logits`: the row's loss
+    into `losses`; with `gradients`, `scale` times the loss's gradient over the row, as the row's
+    scale times unscaled shares. Writes the shares over the row, 0 at the target; returns the
+    rows' scales and the targets' shares, in fp32."""
+    row_scales, target_shares = torch.empty(2, len(logits), dtype=torch.float32,
+                                            device=logits.device)
+    softcapped_cross_entropy_kernel[(len(logits),)](logits, targets.contiguous(), losses,
+                                                    row_scales, target_shares, scale,
+                                                    logits.size(1), softcap, gradients,
+                                                    **KERNEL_SETTINGS["head"][setting])
+    return row_scales, target_shares
+
+def add_product_in_fp32(total, a, b):
+    """total += a b, summed in fp32 whatever the dtype of a and b: a product made in chunks then
+    rounds once, at the end, as the whole product would."""
+    if a.is_cuda and a.dtype != total.dtype:
+        # cuBLAS accumulates in fp32 and adds into the total: no temporary the size of the
+        # total. Only inside a custom op: torch 2.11 cannot trace this call (its fake fails).
+        torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+    else:  # the CPU has no mixed-dtype product
+        total.addmm_(a.to(total.dtype), b.to(total.dtype))
 
 class ReluSquareMLP(torch.autograd.Function):
     """`relu_square_mlp` with ReLU^2 computed where the products that surround it write: the
@@ -1413,33 +1474,45 @@ if triton is not None:
         return tl.where(x < 0, -tanh, tanh), 4 * e * r * r
 
     @triton.jit
-    def softcapped_cross_entropy_kernel(logits_ptr, targets_ptr, losses_ptr, scale,
-                                        num_columns: tl.constexpr, softcap: tl.constexpr,
+    def softcapped_cross_entropy_kernel(logits_ptr, targets_ptr, losses_ptr, row_scales_ptr,
+                                        target_shares_ptr, scale, num_columns: tl.constexpr,
+                                        softcap: tl.constexpr, GRADIENTS: tl.constexpr,
                                         BLOCK: tl.constexpr):
-        """One row of logits z: stores the loss of c = softcap * tanh(z / softcap), and writes
-        over z scale * d loss / d z = scale * (softmax(c) - onehot(target)) * tanh'(z / softcap).
+        """One row of logits z, each read once: stores the loss of c = softcap * tanh(z /
+        softcap), and with GRADIENTS the loss's gradient over z, scale * (softmax(c) -
+        onehot(target)) * tanh'(z / softcap), as the row's scale, scale / sum(e^c), into
+        row_scales, times unscaled shares: e^c tanh'(z / softcap) written over z, but 0 at the
+        target, whose share, (e^c - sum(e^c)) tanh', goes into target_shares in fp32. The row's
+        sum is known only at its end: this way each logit's share is written as it is read.
 
-        As |c| < softcap, exp(c) can neither overflow nor vanish: the sum needs no running max."""
+        As |c| < softcap, e^c can neither overflow nor vanish: the sum needs no running max.
+        Barriers between the warps order the row's memory: the target's logit is read before
+        any warp writes over the row, and zeroed after every warp has."""
         row = tl.program_id(0).to(tl.int64)
         logits_ptr += row * num_columns
+        target = tl.load(targets_ptr + row)
+        z_target = tl.load(logits_ptr + target).to(tl.float32)
+        tanh_target, slope_target = tanh_and_slope(z_target * (1 / softcap))
+        if GRADIENTS:
+            tl.debug_barrier()
         sum_exp = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, num_columns, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             z = tl.load(logits_ptr + cols, mask=cols < num_columns, other=0).to(tl.float32)
-            tanh, _ = tanh_and_slope(z * (1 / softcap))
-            sum_exp += tl.where(cols < num_columns, tl.exp(softcap * tanh), 0)
-        log_sum_exp = tl.log(tl.sum(sum_exp, axis=0))
-        target = tl.load(targets_ptr + row)
-        z_target = tl.load(logits_ptr + target).to(tl.float32)
-        tanh_target, _ = tanh_and_slope(z_target * (1 / softcap))
-        tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)
-        for start in range(0, num_columns, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            z = tl.load(logits_ptr + cols, mask=cols < num_columns, other=0).to(tl.float32)
             tanh, slope = tanh_and_slope(z * (1 / softcap))
-            grad = tl.exp(softcap * tanh - log_sum_exp) - tl.where(cols == target, 1.0, 0.0)
-            tl.store(logits_ptr + cols, (grad * slope * scale).to(logits_ptr.dtype.element_ty),
-                     mask=cols < num_columns)
+            exp_c = tl.exp(softcap * tanh)
+            sum_exp += tl.where(cols < num_columns, exp_c, 0)
+            if GRADIENTS:
+                tl.store(logits_ptr + cols, (exp_c * slope).to(logits_ptr.dtype.element_ty),
+                         mask=cols < num_columns)
+        total = tl.sum(sum_exp, axis=0)
+        tl.store(losses_ptr + row, tl.log(total) - softcap * tanh_target)
+        if GRADIENTS:
+            tl.store(row_scales_ptr + row, scale / total)
+            tl.store(target_shares_ptr + row,
+                     (tl.exp(softcap * tanh_target) - total) * slope_target)
+            tl.debug_barrier()
+            tl.store(logits_ptr + target, tl.zeros([], logits_ptr.dtype.element_ty))
 
     @triton.jit
     def relu_square_matmul_kernel(a_ptr, b_ptr, pre_ptr, out_ptr, h_ptr, M, N: tl.constexpr,

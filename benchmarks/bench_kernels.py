@@ -95,9 +95,9 @@ def main():
     targets = torch.randint(0, 50257, (TOKENS,), device="cuda", generator=generator)
     w_fc, w_proj = randn(4 * DIM, DIM, scale=DIM ** -0.5), randn(DIM, 4 * DIM, scale=0.02)
     softcap = script.Hyperparameters.softcap
-    cases = [("head", script.head_loss, script.HeadLoss, [x, head], [targets, softcap],
+    cases = [("head", script.head_loss, script.fused_head_loss, [x, head], [targets, softcap],
               HEAD_SWEEP),
-             ("mlp", script.relu_square_mlp, script.ReluSquareMLP, [x, w_fc, w_proj], [],
+             ("mlp", script.relu_square_mlp, script.ReluSquareMLP.apply, [x, w_fc, w_proj], [],
               MLP_SWEEP)]
     results = []
 

@@ -8,7 +8,9 @@ torch reports on such a GPU), and
 - builds: the launch setting each kernel takes there, each variant a run launches: the shared
   memory of the build beside the need that train_gpt.shared_memory works out for it, whether the
   matrix product runs on Hopper's tensor-core instruction (wgmma), the stages of its pipeline of
-  copies, and the bytes of local memory (spills and stack) that ptxas reports.
+  copies, the bytes of local memory (spills and stack) that ptxas reports, and the order of its
+  global loads (L), stores (S) and barriers between the warps (B) in the PTX, repeats merged:
+  what orders one warp's memory against another's.
 The interpreter runs a kernel's Python; only the compiler shows what a GPU build holds. Run
 without TRITON_INTERPRET, which would make the kernels the interpreter's.
 """
@@ -38,9 +40,11 @@ TARGETS = {80: ("A100", 166_912), 86: ("RTX 3090, A10, A40, RTX A6000", 101_376)
 # 16-byte aligned, ":16" integers multiples of 16) and the constants of each variant.
 LAUNCHES = dict(
     head=(train_gpt.softcapped_cross_entropy_kernel,
-          dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32", scale="fp32",
-               num_columns="i32", softcap="fp32", BLOCK="i32"),
-          dict(forward=dict(num_columns=50304, softcap=15.0))),
+          dict(logits_ptr="*bf16", targets_ptr="*i64", losses_ptr="*fp32",
+               row_scales_ptr="*fp32", target_shares_ptr="*fp32", scale="fp32",
+               num_columns="i32", softcap="fp32", GRADIENTS="i1", BLOCK="i32"),
+          dict(training=dict(num_columns=50304, softcap=15.0, GRADIENTS=True),
+               evaluation=dict(num_columns=50304, softcap=15.0, GRADIENTS=False))),
     mlp=(train_gpt.relu_square_matmul_kernel,
          dict(a_ptr="*bf16", b_ptr="*bf16", pre_ptr="*bf16", out_ptr="*bf16", h_ptr="*bf16",
               M="i32:16", N="i32", K="i32", stride_bk="i32:16", stride_bn="i32:16",
@@ -77,6 +81,15 @@ def local_memory(ptx, capability):
     return int(stack) + int(spills)
 
 
+def memory_order(ptx):
+    """The PTX's global loads, stores and barriers in their order, as L, S and B, repeats
+    merged: "LBLSBS" is loads, a barrier, loads and stores, a barrier, stores."""
+    kinds = re.findall(r"\b(ld\.global|st\.global|(?:bar|barrier)(?:\.cta)?\.sync)", ptx)
+    order = "".join(dict(ld="L", st="S", bar="B", barrier="B")[kind.split(".")[0]]
+                    for kind in kinds)
+    return re.sub(r"(.)\1+", r"\1", order)
+
+
 def takes(model, capability, max_shared):
     """What use_kernels gives `model` on a GPU of `capability`: ({kernel: "kernel" or "recipe"},
     {kernel: the index of its setting})."""
@@ -111,7 +124,7 @@ def main():
                     shared_bytes=compiled.metadata.shared,
                     need=train_gpt.shared_memory(kernel, setting, capability // 10),
                     wgmma="wgmma" in ptx, stages=max(map(int, buffers), default=1),
-                    local_bytes=local_memory(ptx, capability)))
+                    local_bytes=local_memory(ptx, capability), memory_order=memory_order(ptx)))
         results[capability] = dict(gpus=gpus, max_shared=max_shared, takes=took, builds=builds)
     print(json.dumps(results))
 

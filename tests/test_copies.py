@@ -16,8 +16,8 @@ import torch
 
 import train_gpt
 from test_model import block_mask_to_dense, random_documents
-from test_kernels import (DEVICE, needs_triton, randn, relative_error,
-                          softcapped_cross_entropy_in_fp64)
+from test_kernels import (DEVICE, loss_and_grad_logits, needs_triton, randn,
+                          relative_error, softcapped_cross_entropy_in_fp64)
 from test_training import TINY
 
 TRAIN_GPT = Path(__file__).resolve().parent.parent / "train_gpt.py"
@@ -230,13 +230,16 @@ def test_the_soft_cap_reaches_the_kernel_as_it_reaches_the_recipe(softcap):
 
 
 def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(copies):
-    """The kernel sums exp(capped logit) over a row in fp32 with no running maximum: 50,304 e^77
-    fits in fp32, 50,304 e^78 does not. The recipe's torch code has no such limit."""
-    with pytest.raises(train_gpt.UserError, match=r"^--softcap=78.0: the head kernel sums "
-                       r"exp\(logit\) over 50304 columns in fp32, which holds caps up to 77; "):
-        train_gpt.use_kernels(train_gpt.GPT(**SMALL, softcap=78.0), torch.device("cpu"))
-    train_gpt.use_kernels(train_gpt.GPT(**SMALL, softcap=77.0), torch.device("cpu"))
-    assert 50304 * math.exp(77) < torch.finfo(torch.float32).max < 50304 * math.exp(78)
+    """The kernel sums exp(capped logit) over a row in fp32 with no running maximum, and scales
+    the row by 1 / (rows x that sum): for 2^24 rows and 50,304 columns, a normal fp32 number at
+    a cap of 59, not at 60. The recipe's torch code has no such limit."""
+    with pytest.raises(train_gpt.UserError, match=r"^--softcap=60.0: the head kernel scales "
+                       r"each row by 1 / \(rows x its sum of exp\(capped logit\) over 50304 "
+                       r"columns\), a normal fp32 number only for caps up to 59; "):
+        train_gpt.use_kernels(train_gpt.GPT(**SMALL, softcap=60.0), torch.device("cpu"))
+    train_gpt.use_kernels(train_gpt.GPT(**SMALL, softcap=59.0), torch.device("cpu"))
+    tiny = torch.finfo(torch.float32).tiny
+    assert 2 ** -24 / (50304 * math.exp(60)) < tiny < 2 ** -24 / (50304 * math.exp(59))
     generator = torch.Generator().manual_seed(0)  # logits of about 100, some of several hundred
     x, weight = torch.randn(64, 32, generator=generator), torch.randn(1000, 32, generator=generator)
     targets = torch.randint(0, 1000, (64,), generator=generator)
@@ -267,18 +270,49 @@ def test_a_refused_configuration_leaves_no_log_so_the_suggested_rerun_may_take_i
 
 @needs_triton
 def test_the_kernel_at_the_largest_cap_it_takes_stays_finite():
-    """Every logit far past the cap of 77, so each term of a row's sum is e^77 and the loss is
+    """Every logit far past the cap of 59, so each term of a row's sum is e^59 and the loss is
     exactly ln 50,304, with a gradient of 0 (tanh' is 0 that far out)."""
     x = torch.ones(4, 64, dtype=torch.bfloat16, device=DEVICE)
     weight = torch.full((50304, 64), 100.0, dtype=torch.bfloat16, device=DEVICE)  # logits: 6,400
     targets = torch.arange(4, device=DEVICE)
-    loss, grad_logits = train_gpt.softcapped_cross_entropy(x, weight, targets, 77.0, 0)
+    loss, grad_logits = loss_and_grad_logits(x, weight, targets, 59.0)
     assert loss.item() == pytest.approx(math.log(50304), abs=1e-5)
     assert grad_logits.abs().max() == 0
 
 
-PLUS_ONE = ("tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target)",
-            "tl.store(losses_ptr + row, log_sum_exp - softcap * tanh_target + 1)")
+@needs_triton
+def test_at_the_largest_cap_the_rows_scales_stay_normal_and_give_the_gradients():
+    """At a cap of 59, a row's sum reaches 50,304 e^59 where every logit is saturated: the
+    kernel, with the scale of a micro-batch of 2^24 rows, gives that row a scale just above
+    fp32's smallest normal number, which at 60, e times smaller, it would not be. Then the op
+    at that cap (every logit but the targets' saturated, the targets' 0) against fp64's
+    gradients."""
+    vocab = 50304
+    logits = torch.full((2, vocab), 6400.0, dtype=torch.bfloat16, device=DEVICE)
+    losses = torch.empty(2, dtype=torch.float32, device=DEVICE)
+    row_scales, _ = train_gpt.softcapped_cross_entropy_rows(
+        logits, torch.tensor([0, 1], device=DEVICE), losses, 2.0 ** -24, 59.0, True, 0)
+    tiny = torch.finfo(torch.float32).tiny
+    assert (tiny <= row_scales).all() and (row_scales / math.e < tiny).all()
+    rows = 8
+    x = torch.ones(rows, 64, dtype=torch.bfloat16, device=DEVICE)
+    weight = torch.full((vocab, 64), 100.0, dtype=torch.bfloat16, device=DEVICE)
+    targets = torch.arange(rows, device=DEVICE) * 7
+    weight[targets] = 0.0
+    weight[targets, :4] = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.bfloat16,
+                                          device=DEVICE)
+    loss, grad_x, grad_weight = train_gpt.softcapped_cross_entropy(x, weight, targets, 59.0,
+                                                                   True, 0)
+    exact = [x.double().requires_grad_(), weight.double().requires_grad_()]
+    expected = train_gpt.head_loss(*exact, targets, 59.0)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert relative_error(grad_x, exact[0].grad) < 1e-2
+    assert relative_error(grad_weight, exact[1].grad) < 1e-2
+
+
+PLUS_ONE = ("tl.store(losses_ptr + row, tl.log(total) - softcap * tanh_target)",
+            "tl.store(losses_ptr + row, tl.log(total) - softcap * tanh_target + 1)")
 
 
 @needs_triton

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 import train_gpt
-from train_gpt import (GPT, HeadLoss, Hyperparameters, Kernel, ReluSquareMLP, head_loss,
-                       mlp_fits_tiles, norm, relu_square_matmul, relu_square_mlp,
-                       softcapped_cross_entropy, use_kernels)
+from train_gpt import (GPT, HeadLoss, Hyperparameters, Kernel, ReluSquareMLP, fused_head_loss,
+                       head_loss, mlp_fits_tiles, norm, relu_square_matmul, relu_square_mlp,
+                       softcapped_cross_entropy, softcapped_cross_entropy_rows, use_kernels)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU_BUILDS = Path(__file__).resolve().parent / "kernels_for_gpus.py"
@@ -56,10 +56,12 @@ def relative_error(got, expected):
 
 def head_inputs(rows=24, vocab=5000, dim=32):
     """Logits beyond the cap's knee (their spread is about 17), a vocabulary that is not a whole
-    number of the kernel's column blocks, and targets at both ends and in the last block."""
+    number of the kernel's column blocks, and targets at both ends, in the last block, and at
+    their rows' largest logits, where the target's gradient is not just tanh' times -1."""
     x, weight = randn(rows, dim, seed=0), randn(vocab, dim, scale=3.0, seed=1)
     targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(2))
     targets[:3] = torch.tensor([0, vocab - 1, vocab - 5])
+    targets[3:6] = (x[3:6].float() @ weight.float().T).argmax(1).cpu()
     return x, weight, targets.to(DEVICE)
 
 
@@ -72,16 +74,52 @@ def softcapped_cross_entropy_in_fp64(x, weight, targets, softcap=SOFTCAP):
     return loss.detach(), logits.grad, logits.detach()
 
 
+def kernel_on_all_rows(x, weight, targets, softcap=SOFTCAP):
+    """The head kernel on all the logits x weight^T at once, as the op runs it on each chunk of
+    rows: (mean loss, what it wrote over the logits, the rows' scales, the targets' shares)."""
+    logits = x @ weight.T
+    losses = torch.empty(len(x), dtype=torch.float32, device=x.device)
+    row_scales, target_shares = softcapped_cross_entropy_rows(logits, targets, losses,
+                                                              1 / len(x), softcap, True, 0)
+    return losses.mean(), logits, row_scales, target_shares
+
+
+def loss_and_grad_logits(x, weight, targets, softcap=SOFTCAP):
+    """(mean loss, its gradient over the logits in fp32): the kernel's three parts put together."""
+    loss, written, row_scales, target_shares = kernel_on_all_rows(x, weight, targets, softcap)
+    grad_logits = row_scales[:, None] * written.float()
+    grad_logits[torch.arange(len(x)), targets] = row_scales * target_shares
+    return loss, grad_logits
+
+
+def kernel_gives_the_gradient(written, row_scales, target_shares, targets, expected_grad):
+    """Whether the kernel's parts, each share times its row's scale, are the gradient
+    `expected_grad`: the targets' shares, in fp32, to 1e-5 relative, with 0 written over them;
+    the rest, written in bf16, within one bf16 spacing of what was written (its one rounding)
+    plus 1e-5 relative (exp and log in fp32 are exact to about 1e-6, over the row's range)."""
+    rows = torch.arange(len(targets))
+    expected = expected_grad / row_scales.double()[:, None]
+    at_targets = expected[rows, targets].clone()
+    expected[rows, targets] = 0
+    return (bool((written[rows, targets] == 0).all())
+            and bool(((target_shares.double() - at_targets).abs()
+                      <= 1e-5 * at_targets.abs()).all())
+            and within_one_ulp(written, expected, slack=1e-5 * expected.abs()))
+
+
 @needs_triton
 def test_softcapped_cross_entropy_gives_the_loss_and_each_logits_gradient():
     x, weight, targets = head_inputs()
-    loss, grad_logits = softcapped_cross_entropy(x, weight, targets, SOFTCAP, 0)
+    loss, written, row_scales, target_shares = kernel_on_all_rows(x, weight, targets)
     expected, expected_grad, logits = softcapped_cross_entropy_in_fp64(x, weight, targets)
     assert logits.abs().max() > 45  # some well into the cap, where tanh' is below 0.01
+    # targets at their rows' largest logits: their shares of the softmax (0.3% to 0.8%, among
+    # many logits at the cap) show in their gradients, checked to 1e-5
+    softmax = torch.softmax(SOFTCAP * torch.tanh(logits / SOFTCAP), dim=1)
+    assert (softmax[torch.arange(3, 6), targets[3:6]] > 1e-3).all()
     assert abs(loss.item() - expected.item()) < 1e-6 * expected.item()
-    assert grad_logits.dtype == torch.bfloat16 and grad_logits.shape == logits.shape
-    # exp and log in fp32 are exact to about 1e-6 relative, over the row's whole range
-    assert within_one_ulp(grad_logits, expected_grad, slack=1e-5 * expected_grad.abs())
+    assert written.dtype == torch.bfloat16 and written.shape == logits.shape
+    assert kernel_gives_the_gradient(written, row_scales, target_shares, targets, expected_grad)
 
 
 @needs_triton
@@ -93,7 +131,7 @@ def test_a_zero_head_gives_log_vocab_and_a_uniform_gradient():
     x, weight = randn(rows, 64, seed=9), torch.zeros(vocab, 64, dtype=torch.bfloat16).to(DEVICE)
     targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(10))
     targets[0] = vocab - 1
-    loss, grad_logits = softcapped_cross_entropy(x, weight, targets.to(DEVICE), SOFTCAP, 0)
+    loss, grad_logits = loss_and_grad_logits(x, weight, targets.to(DEVICE))
     assert abs(loss.item() - math.log(vocab)) < 1e-5  # 10.8258
     expected = torch.full((rows, vocab), 1 / vocab, dtype=torch.float64)
     expected[torch.arange(rows), targets] -= 1
@@ -109,12 +147,12 @@ def test_logits_of_a_trained_models_scale_give_torchs_loss_and_gradient():
     x, weight = randn(rows, dim, seed=11), randn(vocab, dim, scale=0.3, seed=12)
     targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(13))
     targets = targets.to(DEVICE)
-    loss, grad_logits = softcapped_cross_entropy(x, weight, targets, SOFTCAP, 0)
+    loss, written, row_scales, target_shares = kernel_on_all_rows(x, weight, targets)
     expected, expected_grad, logits = softcapped_cross_entropy_in_fp64(x, weight, targets)
     assert 1.5 < logits.std() < 4 and logits.abs().max() < 15  # no logit past the cap
     assert 8 < expected < 14  # a loss that training passes through
     assert abs(loss.item() - expected.item()) < 1e-6 * expected.item()
-    assert within_one_ulp(grad_logits, expected_grad, slack=1e-5 * expected_grad.abs())
+    assert kernel_gives_the_gradient(written, row_scales, target_shares, targets, expected_grad)
 
 
 @needs_triton
@@ -122,16 +160,18 @@ def test_softcapped_cross_entropy_reads_targets_of_any_stride():
     x, weight, targets = head_inputs()
     every_other = torch.stack([targets, torch.zeros_like(targets)], dim=1)[:, 0]
     assert not every_other.is_contiguous()
-    assert softcapped_cross_entropy(x, weight, every_other, SOFTCAP, 0)[0] == \
-        softcapped_cross_entropy(x, weight, targets, SOFTCAP, 0)[0]
+    assert softcapped_cross_entropy(x, weight, every_other, SOFTCAP, True, 0)[0] == \
+        softcapped_cross_entropy(x, weight, targets, SOFTCAP, True, 0)[0]
 
 
-def softcapped_cross_entropy_exactly(x, weight, targets, softcap, setting):
-    """What the op returns, from torch's autograd: (mean loss, its gradient over the logits)."""
+def softcapped_cross_entropy_exactly(x, weight, targets, softcap, gradients, setting):
+    """What the op returns, from torch's autograd: (mean loss, its gradients over x and the
+    weight)."""
+    assert gradients
     with torch.enable_grad():  # autograd.Function.forward runs without
-        logits = (x @ weight.T).requires_grad_()
-        loss = F.cross_entropy(softcap * torch.tanh(logits / softcap), targets)
-        return loss.detach(), torch.autograd.grad(loss, logits)[0]
+        x, weight = x.detach().requires_grad_(), weight.detach().requires_grad_()
+        loss = F.cross_entropy(softcap * torch.tanh(x @ weight.T / softcap), targets)
+        return loss.detach(), *torch.autograd.grad(loss, [x, weight])
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.25])  # the loss of one of 4 micro-batches
@@ -151,16 +191,75 @@ def test_head_loss_differentiates_like_the_reference(scale, monkeypatch):
 
 
 @needs_triton
-def test_head_loss_kernel_in_bf16_is_as_close_to_fp64_as_torch():
+def test_head_loss_kernel_in_bf16_is_as_close_to_fp64_as_torch(monkeypatch):
+    """In chunks of 8 rows, 3 of them, through the autograd of both."""
+    monkeypatch.setattr(train_gpt, "HEAD_CHUNK_ROWS", 8)
     x, weight, targets = head_inputs()
     errors = []
-    for loss_fn in (Kernel(HeadLoss, "head", 0), head_loss):
+    for loss_fn in (Kernel(fused_head_loss, "head", 0), head_loss):
         leaves = [x.clone().requires_grad_(), weight.clone().requires_grad_()]
         loss_fn(*leaves, targets, SOFTCAP).backward()
         exact = [x.double().requires_grad_(), weight.double().requires_grad_()]
         head_loss(*exact, targets, SOFTCAP).backward()
         errors.append([relative_error(t.grad, e.grad) for t, e in zip(leaves, exact)])
     assert max(errors[0]) < 2 * max(errors[1]) + 1e-3, errors  # torch's: about 4e-3
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [24, 20])  # 3 whole chunks of 8; 2 and a last one of 4
+def test_the_head_in_chunks_of_rows_gives_the_loss_and_gradients_of_all_rows_at_once(
+        rows, monkeypatch):
+    """The op makes the logits a chunk of rows at a time: its loss and its gradients over x and
+    the head's weight must be those of the kernel on all the logits at once (here in fp64, from
+    the same values that it writes), the products summed in fp32. The gradient of x is rounded
+    once, after its rows' scales; that of the weight takes the scales on x's side, which costs
+    one more bf16 rounding, of x. A target that rows of one chunk share has its row of the
+    weight's gradient summed over them."""
+    monkeypatch.setattr(train_gpt, "HEAD_CHUNK_ROWS", 8)
+    x, weight, targets = head_inputs(rows=rows)
+    targets[9:12] = targets[8]
+    loss, grad_x, grad_weight = softcapped_cross_entropy(x, weight, targets, SOFTCAP, True, 0)
+    whole_loss, written, row_scales, target_shares = kernel_on_all_rows(x, weight, targets)
+    assert abs(loss.item() - whole_loss.item()) < 1e-6 * whole_loss.item()
+    assert grad_x.dtype == x.dtype and grad_weight.dtype == torch.float32
+    grad_logits = row_scales.double()[:, None] * written.double()
+    target_grads = row_scales.double() * target_shares.double()
+    grad_logits[torch.arange(rows), targets] = target_grads
+    expected_x = grad_logits @ weight.double()
+    assert within_one_ulp(grad_x, expected_x, slack=fp32_sum_error(grad_logits, weight))
+    scaled_x = (x * row_scales[:, None]).to(x.dtype).double()
+    expected_weight = written.double().T @ scaled_x
+    expected_weight.index_put_((targets,), target_grads[:, None] * x.double(), accumulate=True)
+    error = (grad_weight.double() - expected_weight).abs()
+    assert (error <= fp32_sum_error(grad_logits.T, x)).all()
+    error = (grad_weight.double() - grad_logits.T @ x.double()).abs()
+    bound = 2.0 ** -7 * (grad_logits.abs().T @ x.double().abs())
+    assert (error <= bound + fp32_sum_error(grad_logits.T, x)).all()
+
+
+@needs_triton
+def test_evaluation_takes_the_loss_alone(monkeypatch):
+    """Under torch.no_grad the head kernel writes no gradient and the op makes no products of
+    it: the same loss, two empty tensors, and the logits the kernel read left as they were."""
+    x, weight, targets = head_inputs()
+    told, products = [], []
+    rows = train_gpt.softcapped_cross_entropy_rows
+    monkeypatch.setattr(train_gpt, "softcapped_cross_entropy_rows",
+                        lambda *args: told.append(args[-2]) or rows(*args))
+    monkeypatch.setattr(train_gpt, "add_product_in_fp32", lambda *args: products.append(args))
+    with torch.no_grad():
+        loss = Kernel(fused_head_loss, "head", 0)(x, weight, targets, SOFTCAP)
+    assert told == [False] and not products
+    _, grad_x, grad_weight = softcapped_cross_entropy(x, weight, targets, SOFTCAP, False, 0)
+    assert grad_x.numel() == grad_weight.numel() == 0
+    # the two variants sum the same terms in the same order
+    assert loss.item() == pytest.approx(
+        softcapped_cross_entropy(x, weight, targets, SOFTCAP, True, 0)[0].item(), rel=1e-7)
+    logits = x @ weight.T
+    kept, losses = logits.clone(), torch.empty(len(x), dtype=torch.float32, device=x.device)
+    rows(logits, targets, losses, 1 / len(x), SOFTCAP, False, 0)
+    assert torch.equal(logits, kept) and losses.mean().item() == pytest.approx(loss.item(),
+                                                                               rel=1e-7)
 
 
 # 10 row tiles: a whole group of 8 and a group of 2; 2 column tiles
@@ -237,7 +336,7 @@ def test_relu_square_mlp_kernel_in_bf16_is_about_as_close_to_fp64_as_torch(hidde
     exact = [t.double().requires_grad_() for t in inputs]
     relu_square_mlp(*exact).backward(grad_out.double())
     errors = []
-    for mlp in (Kernel(ReluSquareMLP, "mlp", 0), relu_square_mlp):
+    for mlp in (Kernel(ReluSquareMLP.apply, "mlp", 0), relu_square_mlp):
         leaves = [t.clone().requires_grad_() for t in inputs]
         mlp(*leaves).backward(grad_out)
         errors.append([relative_error(t.grad, e.grad) for t, e in zip(leaves, exact)])
@@ -320,7 +419,9 @@ def test_each_op_keeps_to_its_registered_schema_and_shapes():
     """torch.library.opcheck: the schema, the fake implementation's shapes, dtypes and strides
     against the real outputs, and the op under AOT dispatch."""
     x, weight, targets = head_inputs(rows=16, vocab=300)
-    torch.library.opcheck(softcapped_cross_entropy, (x, weight, targets, SOFTCAP, 0))
+    for gradients in (True, False):
+        torch.library.opcheck(softcapped_cross_entropy, (x, weight, targets, SOFTCAP, gradients,
+                                                         0))
     x, w_fc, w_proj = mlp_inputs()
     pre, _ = relu_square_matmul(x, w_fc.T, None, 0)
     torch.library.opcheck(relu_square_matmul, (x, w_fc.T, None, 0))
@@ -336,7 +437,8 @@ def test_both_kernels_compile_into_one_graph_with_the_eager_results():
     x, w_fc, w_proj = mlp_inputs(tokens=256)  # the interpreter takes 20 ms a row of the head
     _, weight, _ = head_inputs(vocab=1000, dim=x.size(1))
     targets = torch.randint(0, 1000, (len(x),), generator=torch.Generator().manual_seed(8))
-    head, mlp = Kernel(HeadLoss, "head", 0), Kernel(ReluSquareMLP, "mlp", 0)  # as a model runs them
+    # as a model runs them
+    head, mlp = Kernel(fused_head_loss, "head", 0), Kernel(ReluSquareMLP.apply, "mlp", 0)
 
     def loss(x, w_fc, w_proj, weight):
         return head(norm(x + mlp(x, w_fc, w_proj)), weight, targets.to(DEVICE), SOFTCAP)
@@ -357,7 +459,10 @@ def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_tha
     target: the shared memory that train_gpt.shared_memory works out for a setting is the
     build's, with at most 1 KiB and 16 bytes to spare, never less; the setting a GPU takes fits
     it, with no local memory; every target takes both kernels, the 99 KB GPUs the MLP's second
-    setting."""
+    setting. The head kernel's training build orders its memory between the warps: loads of the
+    target and its logit, a barrier, the row's loads and stores, the sum's barrier, the row's
+    scale and target's share, a barrier, the target's 0 (the interpreter, running one program at
+    a time, cannot show a race)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(GPU_BUILDS)], capture_output=True, text=True,
                             env=env | {"TRITON_CACHE_DIR": str(tmp_path)}, timeout=300)
@@ -371,6 +476,9 @@ def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_tha
             assert build["local_bytes"] == 0, where
             assert build["need"] <= target["max_shared"], where
         assert target["takes"] == dict(head="kernel", mlp="kernel"), capability
+        (training,) = [build["memory_order"] for build in target["builds"]
+                       if build["kernel"] == "head" and build["variant"] == "training"]
+        assert training == "LBLSBSBS", (capability, training)
         # the 99 KB GPUs (86, 89, 120) take the MLP's second setting, the others its first
         setting = train_gpt.KERNEL_SETTINGS["mlp"][0 if target["max_shared"] > 101_376 else 1]
         mlp = [(build["variant"], build["setting"]) for build in target["builds"]

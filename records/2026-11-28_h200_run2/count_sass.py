@@ -1,5 +1,5 @@
 """What the head kernel of a tree's train_gpt.py costs per logit on an H100, from its build:
-    python records/prepared/count_sass.py TREE
+    python records/2026-11-28_h200_run2/count_sass.py TREE
 
 Builds the kernel's first variant (the one that writes the gradients) for sm_90 with the tree's
 own launch setting, by the tree's tests/kernels_for_gpus.py (Triton's compiler and ptxas, no GPU
