@@ -6,24 +6,25 @@
 #
 # then one device call:
 #
-#     run(command="bash records/prepared/measure.sh run2", carry=["records/prepared/trees"],
+#     run(command="bash records/prepared/measure.sh run3", carry=["records/prepared/trees"],
 #         timeout_s=600)
 #
-# run2: the head read once (onepass: head_chunks.patch, then head_one_pass.patch) against the
-# head in chunks alone (after) and main, then q, k and v from one product (qkv). Each step's
-# whole output goes to its own file, and all of them into $OUT/outputs.tar.gz after each step
-# (the device brings back at most 8 files), so a call cut short still brings back the steps
-# before; the steps stop themselves by 570 s, the ones that matter most first. Printed: the
-# card, then one line per step with its exit code, and for each benchmark which code ran the
-# head and the MLPs, its forward+backward and its peak.
+# run3: main's GPU tests that have not run on it (the compiled model, the kernels' check at
+# start-up), then the persistent MLP kernel (persist: mlp_persistent.patch):
+# its tests, its bits against main's kernel, one micro-batch a step against main, and the MLP
+# alone; main's resume test last. Each step's whole output goes to its own file, and all of
+# them into $OUT/outputs.tar.gz after each step (the device brings back at most 8 files), so a
+# call cut short still brings back the steps before; the steps stop themselves by 570 s, the
+# ones that matter most first. Printed: the card, then one line per step with its exit code,
+# and for each benchmark which code ran the head and the MLPs, its forward+backward and its
+# peak.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 FILES="train_gpt.py README.md pytest.ini tests benchmarks data/shakespeare data/synthetic_fineweb.py"
 # each tree: the patches it takes, in order
-declare -A TREES=([after]="head_chunks.patch" [onepass]="head_chunks.patch head_one_pass.patch"
-                  [qkv]="qkv.patch")
+declare -A TREES=([persist]="mlp_persistent.patch")
 
 case "${1:-}" in
 trees)
@@ -41,7 +42,7 @@ trees)
     sha256sum $(git ls-files $FILES) > "$here/trees/main.sha256"
     echo "made ${!TREES[*]} in $here/trees ($(du -sh "$here/trees" | cut -f1))"
     ;;
-run2)
+run3)
     out=${OUT:-/tmp/measure_out} && mkdir -p "$out"
     work=/tmp/measure_work && rm -rf "$work" && mkdir -p "$work"  # archived into $out
     started=$SECONDS
@@ -81,7 +82,7 @@ torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$work/
     }
     # the tests compile in caches of their own, so that main's benchmark starts cold
     export TORCHINDUCTOR_CACHE_DIR=/tmp/cache_tests TRITON_CACHE_DIR=/tmp/triton_tests
-    pytest=(python3 -m pytest -q -s -rs -o addopts= -p no:cacheprovider --durations=5)
+    pytest=(python3 -m pytest -q -s -rs -o addopts= -p no:cacheprovider --durations=12)
     timeout 120 python3 data/synthetic_fineweb.py 1 --tokens 4000000 --val-tokens 200000 \
         --dir /tmp/shards > "$work/shards.txt" 2>&1
     archive
@@ -89,26 +90,35 @@ torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$work/
     bench=(python3 benchmarks/bench_step.py --batch_size=65536 --steps=10
            "--train_files=/tmp/shards/synthetic_train_*.bin")
 
-    # 1. the head read once: the kernel tests on CUDA at small shapes (the builds for every
-    #    target are the CPU's), the head kernel at the largest cap it takes, the head at the
-    #    real shapes [40 s]
-    step onepass_tests 120 "$here/trees/onepass" "${pytest[@]}" \
-        tests/test_kernels.py tests/test_gpu.py tests/test_copies.py \
-        -k "(test_kernels and not every_gpu and not without_triton) or largest_cap or fused_head or zero_head"
-    onepass_ok=$?
-    # 2. main from a cold cache, the head read once (if its tests pass), the head in chunks
-    #    alone (its tests passed in run 1), main again for the spread
+    # 1. main: the compiled model against fp32 eager (the head read once inside it), each
+    #    kernel's check at start-up at the reference widths, the MLP's settings at the real
+    #    shape [100 s]
+    step main_tests 200 "$root" "${pytest[@]}" tests/test_gpu.py \
+        -k "compiled_bf16 or check or relu_square_mlp or h100"
+    # 2. the persistent MLP: the kernel tests on CUDA at small shapes (the builds for every
+    #    target are the CPU's), its settings at the real shape, flattened or not [120 s]; then
+    #    its outputs against main's kernel at the real shapes, bit for bit [30 s]
+    step persist_tests 200 "$here/trees/persist" "${pytest[@]}" tests/test_kernels.py \
+        tests/test_gpu.py -k "(test_kernels and not every_gpu and not without_triton) or relu_square_mlp or h100"
+    persist_ok=$?
+    step persist_bits 60 "$root" python3 records/prepared/mlp_same_bits.py . "$here/trees/persist"
+    # 3. main from a cold cache, the persistent MLP (if its tests pass), main again
     bench main "$root" 100
-    [ $onepass_ok -eq 0 ] && bench onepass "$here/trees/onepass" 90
-    bench after "$here/trees/after" 90
+    [ $persist_ok -eq 0 ] && bench persist "$here/trees/persist" 90
     bench main_2 "$root" 40
-    # 3. q, k and v from one product: the compiled model against fp32, then its benchmark
-    step qkv_tests 120 "$here/trees/qkv" "${pytest[@]}" tests/test_gpu.py -k compiled_bf16 \
-        && bench qkv "$here/trees/qkv" 90
+    # 4. one MLP alone, forward and backward: main, persist, main [30 s each]
+    for run in main persist main_2; do
+        dir=$root && [ $run = persist ] && dir=$here/trees/persist
+        [ $run = persist ] && [ $persist_ok -ne 0 ] && continue
+        step "mlp_$run" 90 "$dir" python3 benchmarks/bench_kernels.py --part=mlp \
+            --json="$work/mlp_$run.json" && grep "the file's" "$work/mlp_$run.txt"
+    done
+    # 5. main: a resume continues like a run that never stopped [150 s]
+    step main_resume 200 "$root" "${pytest[@]}" tests/test_gpu.py -k resume
     echo "done at $((SECONDS - started)) s"
     ;;
 *)
-    echo "usage: bash records/prepared/measure.sh trees|run2" >&2
+    echo "usage: bash records/prepared/measure.sh trees|run3" >&2
     exit 2
     ;;
 esac
