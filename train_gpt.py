@@ -6,10 +6,12 @@ training with its loop; then what the loop needs around it, checkpoints and stop
 kernels. Importing it has no side effects: all runs in `main()`.
 """
 import argparse
+import ast
 import contextlib
 import dataclasses
 import glob
 import hashlib
+import inspect
 import math
 import os
 import pickle
@@ -19,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import typing
@@ -1223,6 +1226,9 @@ KERNEL_SETTINGS = dict(
          # the 99 KB GPUs (sm_86, sm_89, sm_120): the same tiles, one load fewer in flight
          dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)])
 HEAD_CHUNK_ROWS = 8192  # the logits made at a time: 8,192 x 50,304 in bf16 is 824 MB, not 6.6 GB
+# The code each kernel computes, as recipe_fingerprint() gives it: a copy that edits a recipe
+# function and not its kernel would train other code on a GPU than on a CPU.
+KERNEL_RECIPES = dict(head="484aad08653d", mlp="027de2b5e7a8")
 # The ops' namespace, from the file's path and module name: two copies loaded in one process
 # keep their own kernels, and every run of one file has the same, as the compile cache needs.
 OPS = "speedrun_" + hashlib.sha256(f"{globals().get('__file__') or uuid.uuid4()}:{__name__}"
@@ -1232,11 +1238,21 @@ def use_kernels(model, device):
     """Run the model's head loss and MLPs through the kernels that compute them, each with the
     first of its settings that fits `device`; the MLP's only where its products split into the
     setting's whole tiles and, on a GPU, run in bf16. Elsewhere the recipe's functions stay.
-    Refused in one line, before anything trains, where a kernel would compute something else:
-    each is checked against the model's function on a sample of the run's widths and cap."""
+    Refused in one line, before anything trains, where a kernel would compute something else."""
     if triton is None:  # PyTorch's CPU-only builds, or code run by exec()
         return
     mlps = [block.mlp for block in model.blocks]
+    for kernel, recipes in [("head", {model.head_loss}),
+                            ("mlp", {mlp.relu_square_mlp for mlp in mlps})]:
+        for recipe in recipes:
+            found = recipe_fingerprint(recipe)
+            if found == KERNEL_RECIPES[kernel]:
+                continue
+            fix = (f'make the kernel compute it and set KERNEL_RECIPES["{kernel}"] = "{found}"'
+                   if found else "write it as a function of the file, whose code can be read")
+            raise UserError(f"{os.path.basename(__file__)}: {getattr(recipe, '__name__', recipe)}"
+                            f" is not the code that the {kernel} kernel computes, so a GPU would "
+                            f"train other code than a CPU: run it with --kernels=false, or {fix}")
     # The head kernel sums exp(capped logit) over a row without a running maximum, and scales
     # the row by 1 / (rows x that sum), which must stay a normal fp32 number: for micro-batches
     # of up to 2^24 rows, more than a GPU's memory holds.
@@ -1249,55 +1265,36 @@ def use_kernels(model, device):
                         f"--kernels=false")
     head_setting = first_fitting_setting("head", device)
     mlp_setting = first_fitting_setting("mlp", device)
+    if head_setting is not None:
+        model.head_loss = Kernel(fused_head_loss, "head", head_setting)
     hidden, dim = mlps[0].c_fc.weight.shape
-    sample = torch.Generator().manual_seed(0)  # the same sample on every rank
-
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=sample) * scale).bfloat16()
-
-    if head_setting is not None:  # logits of a spread of 6, some past the cap
-        model.head_loss = check_kernel(
-            Kernel(fused_head_loss, "head", head_setting), model.head_loss, device,
-            [norm(randn(16, dim).float()).bfloat16(), randn(columns, dim, scale=6 / dim ** 0.5),
-             torch.randint(columns, (16,), generator=sample)], [model.softcap])
     in_bf16 = device.type != "cuda" or model.embed.weight.dtype == torch.bfloat16
     # every sequence is whole 128-token blocks: a setting's rows split it if they split 128
     if (mlp_setting is not None and in_bf16
             and mlp_fits_tiles(BLOCK_SIZE, dim, hidden, mlp_setting)):
-        rows = [norm(randn(BLOCK_SIZE, dim).float()).bfloat16(),
-                randn(hidden, dim, scale=dim ** -0.5), randn(dim, hidden, scale=hidden ** -0.5)]
-        kernels = {recipe: check_kernel(Kernel(ReluSquareMLP.apply, "mlp", mlp_setting), recipe,
-                                        device, rows, [])
-                   for recipe in {mlp.relu_square_mlp for mlp in mlps}}
         for mlp in mlps:
-            mlp.relu_square_mlp = kernels[mlp.relu_square_mlp]
+            mlp.relu_square_mlp = Kernel(ReluSquareMLP.apply, "mlp", mlp_setting)
 
-def check_kernel(kernel, recipe, device, inputs, constants, tolerance=6):
-    """`kernel`, where it computes what `recipe` computes on these `inputs` on `device`: no
-    further from the recipe in fp32 than `tolerance` times the recipe in bf16 (Triton's
-    interpreter, which rounds toward zero, comes to 2.3 times). Refused in one line otherwise."""
-    inputs = [t.to(device) for t in inputs]
-    own, error = distances_from_fp32([recipe, kernel], inputs, constants)
-    if not error <= tolerance * own:  # NaN too
-        raise UserError(f"{os.path.basename(__file__)}: {getattr(recipe, '__name__', recipe)} is "
-                        f"not what the {kernel.name} kernel computes (on a sample, {error:.1e} "
-                        f"from the function in fp32, where the function in bf16 is {own:.1e}), "
-                        f"so a GPU would train other code than a CPU: run it with "
-                        f"--kernels=false, or make the kernel compute it")
-    return kernel
-
-def distances_from_fp32(fns, inputs, constants):
-    """For each of `fns` on these `inputs` (bf16, or integers that take no gradient): the largest
-    relative distance of its output, or of an input's gradient, from fns[0]'s in fp32."""
-    def outputs(fn, tensors):
-        leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in tensors]
-        out = fn(*leaves, *constants)
-        out.backward(torch.ones_like(out) / out.numel() ** 0.5)
-        return [out.detach().double()] + [t.grad.double() for t in leaves if t.requires_grad]
-
-    exact = outputs(fns[0], [t.float() if t.is_floating_point() else t for t in inputs])
-    return [max(((got - want).norm() / want.norm()).item()
-                for got, want in zip(outputs(fn, inputs), exact)) for fn in fns]
+def recipe_fingerprint(fn, seen=()):
+    """A hash of `fn`'s code (not its docstring, comments or layout) with the functions and
+    constants of this file that it names; None where there is no code to read (a builtin, a
+    partial, a lambda inside a call)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if isinstance(tree, ast.FunctionDef) and ast.get_docstring(tree) is not None:
+        tree.body = tree.body[1:]
+    code, nodes = ast.unparse(tree), list(ast.walk(tree))
+    bound = {node.arg for node in nodes if isinstance(node, ast.arg)} | {
+        node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    for name in sorted({node.id for node in nodes if isinstance(node, ast.Name)} - bound):
+        value = fn.__globals__.get(name)
+        if inspect.isfunction(value) and value.__module__ == fn.__module__ and value not in seen:
+            code += f"\n{name}: {recipe_fingerprint(value, (*seen, fn))}"
+        elif isinstance(value, (bool, int, float, str, tuple)):
+            code += f"\n{name} = {value!r}"
+    return hashlib.sha256(code.encode()).hexdigest()[:12]
 
 def first_fitting_setting(kernel, device):
     """The index of the first of `kernel`'s settings that fits `device`'s shared memory per
@@ -1330,7 +1327,7 @@ class Kernel:
     recipe function's arguments and the number of its launch setting in KERNEL_SETTINGS[name]."""
 
     def __init__(self, function, name, setting):
-        self.function, self.name, self.setting = function, name, setting
+        self.function, self.setting = function, setting
         self.__name__ = f"the {name} kernel (Triton, {KERNEL_SETTINGS[name][setting]})"
 
     def __call__(self, *args):
@@ -1389,8 +1386,8 @@ def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: tor
             product = weight[target] * target_shares
             add_product_in_fp32(product, logits, weight)
             torch.mul(product, row_scales, out=grad_x[chunk])
-            # the weight's: the scales on x's side, one rounding more (of x times them), for the
-            # other side would take a second pass over the logits; the targets' in fp32
+            # the weight's: x scaled by the rows' scales (one bf16 rounding more), as scaling
+            # the shares instead would take a second pass over the logits; the targets' in fp32
             scaled_x = torch.mul(x[chunk], row_scales, out=torch.empty_like(x[chunk]))
             add_product_in_fp32(grad_weight, logits.T, scaled_x)
             grad_weight.index_add_(0, target, x[chunk] * (target_shares * row_scales))

@@ -24,9 +24,8 @@ import torch.nn.functional as F
 from training_script import TRAIN_GPT, load_script, run_tool
 
 TOKENS, DIM, VOCAB = 65536, 768, 50304
-# The last three read a row in 4, 2 or 1 iterations, 1,024 threads a program (32 to 64 registers
-# each in the sm_90 build): one or two programs per SM of an H100, so few rows in flight (13 to
-# 26 MB) that a row's second read may come from the 50 MB L2 cache.
+# The last three read a row in 4, 2 or 1 iterations, 1,024 threads a program: one or two
+# programs per SM of an H100, so few rows in flight.
 HEAD_SWEEP = [dict(BLOCK=block, num_warps=warps) for block, warps in
               [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16), (16384, 32),
                (32768, 32), (65536, 32)]]

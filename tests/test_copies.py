@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import train_gpt
 from test_model import block_mask_to_dense, random_documents
@@ -61,31 +60,9 @@ LABEL_SMOOTHING = ("F.cross_entropy(logits.float(), targets)",
                    "F.cross_entropy(logits.float(), targets, label_smoothing=0.1)")
 Z_LOSS = ("return F.cross_entropy(logits.float(), targets)",
           "return F.cross_entropy(logits.float(), targets) "
-          "+ 1e-2 * logits.float().logsumexp(-1).square().mean()")
+          "+ 1e-4 * logits.float().logsumexp(-1).square().mean()")
 CAP_30 = ("logits = softcap * torch.tanh(logits / softcap)",
           "logits = 30 * torch.tanh(logits / 30)")
-BEFORE_MLP = "def relu_square_mlp("
-# Edits that a function's own text does not show: what it reads.
-READS = {
-    "alias": [(BEFORE_MLP, "ACTIVATION = F.gelu\n\n\ndef relu_square_mlp("),
-              (GELU[0], "F.linear(ACTIVATION(F.linear(x, w_fc)), w_proj)")],
-    "partial": [(BEFORE_MLP, "SQUARE = functools.partial(torch.pow, exponent=3)\n\n\n"
-                             "def relu_square_mlp("),
-                (GELU[0], "F.linear(SQUARE(F.relu(F.linear(x, w_fc))), w_proj)"),
-                ("import glob\n", "import functools\nimport glob\n")],
-    "dict": [(BEFORE_MLP, "POWERS = dict(mlp=3)\n\n\ndef relu_square_mlp("),
-             (GELU[0], "F.linear(F.relu(F.linear(x, w_fc)) ** POWERS['mlp'], w_proj)")],
-    "class-attribute": [(BEFORE_MLP, "class Activation:\n    power = 3\n\n\n"
-                                     "def relu_square_mlp("),
-                        (GELU[0], "F.linear(F.relu(F.linear(x, w_fc)) ** Activation.power, "
-                                  "w_proj)")],
-    "staticmethod": [(BEFORE_MLP, "class Activation:\n    @staticmethod\n    def apply(h):\n"
-                                  "        return F.gelu(h)\n\n\ndef relu_square_mlp("),
-                     (GELU[0], "F.linear(Activation.apply(F.linear(x, w_fc)), w_proj)")],
-    "hyperparameter-default": [
-        ("def head_loss(x, weight, targets, softcap):",
-         "def head_loss(x, weight, targets, softcap):\n    softcap = Hyperparameters.softcap"),
-        ('softcap: float = option(15.0,', 'softcap: float = option(30.0,')]}
 
 
 def refusal(attempt, args):
@@ -97,39 +74,77 @@ def refusal(attempt, args):
     return message
 
 
-@pytest.mark.parametrize("edits, recipe", [
-    ([GELU], "relu_square_mlp"), ([LABEL_SMOOTHING], "head_loss"), ([Z_LOSS], "head_loss"),
-    ([CAP_30], "head_loss"), *((edits, "relu_square_mlp") for name, edits in READS.items()
-                               if name != "hyperparameter-default"),
-    (READS["hyperparameter-default"], "head_loss")],
-    ids=["gelu", "label-smoothing", "z-loss", "cap-written-in", *READS])
-def test_an_edited_recipe_stops_the_gpu_path_in_one_line(edits, recipe, copies):
-    """Each edit changes what the model's function computes: its text, or what it reads, which
-    a check of its text alone would miss. The other way out: --kernels=false, which trains the
-    edit."""
-    attempt = copies("attempt", *edits)
-    args = attempt.parse_args(SMALL_ARGS + ["--softcap=15"])
-    kernel = "head" if recipe == "head_loss" else "mlp"
-    assert refusal(attempt, args).startswith(
-        f"attempt.py: {recipe} is not what the {kernel} kernel computes (on a sample, ")
+@pytest.mark.parametrize("edit, kernel, recipe", [
+    (GELU, "mlp", "relu_square_mlp"), (LABEL_SMOOTHING, "head", "head_loss"),
+    (Z_LOSS, "head", "head_loss"), (CAP_30, "head", "head_loss")],
+    ids=["gelu", "label-smoothing", "z-loss", "cap-written-in"])
+def test_an_edited_recipe_function_stops_the_gpu_path_in_one_line(edit, kernel, recipe, copies):
+    attempt = copies("attempt", edit)
+    args = attempt.parse_args(SMALL_ARGS)
+    message = refusal(attempt, args)
+    assert message.startswith(f"attempt.py: {recipe} is not the code that the {kernel} kernel "
+                              f"computes")
+    # the fix it names: the kernel made to compute the new code, and its fingerprint
+    found = message.split(f'KERNEL_RECIPES["{kernel}"] = "')[1].rstrip('"')
+    assert found == attempt.recipe_fingerprint(getattr(attempt, recipe))
+    assert found != train_gpt.KERNEL_RECIPES[kernel]
+    fixed = copies("fixed", edit, (f'{kernel}="{train_gpt.KERNEL_RECIPES[kernel]}"',
+                                   f'{kernel}="{found}"'))
+    fixed.build_model(args, torch.device("cpu"), gpu_path=True)
+    # the other way out: the recipe's torch code on the GPU, which trains the edit
     model, _, _ = attempt.build_model(args, torch.device("cpu"), gpu_path=False)
     assert model.head_loss is attempt.head_loss
     assert model.blocks[0].mlp.relu_square_mlp is attempt.relu_square_mlp
 
 
-# Edits a record attempt makes every day that compute the same: they keep the kernels.
+ACTIVATION = [("def relu_square_mlp(",
+               "def activation(h):\n    return F.relu(h).square()\n\n\ndef relu_square_mlp("),
+              ("F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+               "F.linear(activation(F.linear(x, w_fc)), w_proj)")]
+Z_WEIGHT = [("def head_loss(", "Z_WEIGHT = 1e-4\n\n\ndef head_loss("),
+            (Z_LOSS[0], Z_LOSS[1].replace("1e-4", "Z_WEIGHT"))]
+
+
+@pytest.mark.parametrize("name, edits, kernel, later", [
+    ("activation", ACTIVATION, "mlp", ("F.relu(h).square()", "F.gelu(h)")),
+    ("z_weight", Z_WEIGHT, "head", ("Z_WEIGHT = 1e-4", "Z_WEIGHT = 1e-3"))])
+def test_an_edit_of_a_function_or_constant_that_a_recipe_function_names_stops_it_too(
+        name, edits, kernel, later, copies):
+    """A recipe function written with a helper of the file, whose kernel was made to compute it
+    (its fingerprint set), then the helper alone edited."""
+    args = train_gpt.parse_args(SMALL_ARGS)
+    written = copies(f"{name}_written", *edits)
+    fingerprint = written.recipe_fingerprint(
+        written.head_loss if kernel == "head" else written.relu_square_mlp)
+    kernel_made = (f'{kernel}="{train_gpt.KERNEL_RECIPES[kernel]}"', f'{kernel}="{fingerprint}"')
+    copies(f"{name}_kernel_made", *edits, kernel_made).build_model(
+        args, torch.device("cpu"), gpu_path=True)
+    edited = copies(f"{name}_edited", *edits, kernel_made, later)
+    assert refusal(edited, args).startswith(f"{name}_edited.py: ")
+
+
+# Edits a record attempt makes every day, each of which once ended the GPU's path in a
+# traceback (a KeyError, a NameError or a TypeError) where the CPU's trained.
 RENAMED = [("def relu_square_mlp(x, w_fc, w_proj):", "def squared_relu_mlp(x, w_fc, w_proj):"),
            ("self.relu_square_mlp = relu_square_mlp", "self.relu_square_mlp = squared_relu_mlp")]
-LAMBDA = [(BEFORE_MLP, "ACTIVATION = lambda h: F.relu(h).square()  # noqa: E731\n\n\n"
-                       "def relu_square_mlp("),
-          (GELU[0], "F.linear(ACTIVATION(F.linear(x, w_fc)), w_proj)")]
+LAMBDA = [("def relu_square_mlp(", "ACTIVATION = lambda h: F.relu(h).square()  # noqa: E731"
+                                   "\n\n\ndef relu_square_mlp("),
+          ("F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+           "F.linear(ACTIVATION(F.linear(x, w_fc)), w_proj)")]
 DECORATED = [("def head_loss(", "def traced(fn):\n    def wrapper(*args):\n        return fn(*args)"
                                 "\n    return wrapper\n\n\n@traced\ndef head_loss(")]
-REWORDED = [('    """The MLP: ReLU^2 between two products, relu(x w_fc^T)^2 w_proj^T."""',
-             '    """ReLU squared."""  # the speedrun\'s activation'),
-            ("return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
-             "return F.linear(F.relu(F.linear(x,\n"
-             "                                 w_fc)).square(), w_proj)")]
+
+
+@pytest.mark.parametrize("edits, named", [(RENAMED, "squared_relu_mlp"),
+                                          (LAMBDA, "relu_square_mlp"), (DECORATED, "wrapper")],
+                         ids=["renamed", "lambda-helper", "decorator-without-wraps"])
+def test_an_ordinary_edit_stops_the_gpu_path_in_one_line_naming_the_function(edits, named,
+                                                                             copies):
+    attempt = copies("attempt", *edits)
+    args = attempt.parse_args(SMALL_ARGS)
+    model, _, _ = attempt.build_model(args, torch.device("cpu"), gpu_path=False)
+    model(torch.arange(256) % 50257, torch.arange(1, 257) % 50257, torch.tensor(1))  # CPU: trains
+    assert refusal(attempt, args).startswith(f"attempt.py: {named} is not the code that the ")
 
 
 RECURSIVE = [("def relu_square_mlp(",
@@ -141,44 +156,13 @@ PARTIAL = [("self.head_loss = head_loss  #", "self.head_loss = functools.partial
            ("import glob\n", "import functools\nimport glob\n")]
 
 
-
-@pytest.mark.parametrize("edits", [[], RENAMED, LAMBDA, DECORATED, REWORDED, RECURSIVE, PARTIAL],
-                         ids=["unedited", "renamed", "lambda-helper", "decorator-without-wraps",
-                              "reworded", "recursive-helper", "partial"])
-def test_an_edit_that_computes_the_same_keeps_the_kernels(edits, copies):
-    attempt = copies("attempt", *edits)
-    model, _, _ = attempt.build_model(attempt.parse_args(SMALL_ARGS), torch.device("cpu"),
-                                      gpu_path=True)
-    kernels = attempt.triton is not None  # without Triton the recipe's functions stay
-    assert isinstance(model.head_loss, attempt.Kernel) == kernels
-    assert isinstance(model.blocks[0].mlp.relu_square_mlp, attempt.Kernel) == kernels
-
-
-@needs_triton
-@pytest.mark.parametrize("model_dim", [64, 128, 256])
-def test_the_check_allows_a_kernel_its_rounding_and_no_more(model_dim, monkeypatch):
-    """On the samples the check draws, the kernels are as far from the recipe in fp32 as the
-    recipe in bf16, times 2 at most for the head and 3 for the MLP (whose products the
-    interpreter rounds toward zero; measured: 1.5 and 2.3); a cap of 16 rather than 15, or
-    ReLU^2.05, is 7 times or more (measured: 7.7 and 11.7), beyond the tolerance of 6."""
-    samples = {}
-
-    def check_kernel(kernel, recipe, device, inputs, constants):
-        samples[kernel.name] = (kernel, recipe, inputs, constants)
-        return kernel
-
-    monkeypatch.setattr(train_gpt, "check_kernel", check_kernel)
-    train_gpt.use_kernels(train_gpt.GPT(50257, 1, 2, model_dim, max_seq_len=256),
-                          torch.device("cpu"))
-    kernel, recipe, inputs, constants = samples["head"]
-    own, fused, cap_16 = train_gpt.distances_from_fp32(
-        [recipe, kernel, lambda x, w, t, cap: recipe(x, w, t, 16.0)], inputs, constants)
-    assert fused < 2 * own and cap_16 > 7 * own, (own, fused, cap_16)
-    kernel, recipe, inputs, constants = samples["mlp"]
-    own, fused, power = train_gpt.distances_from_fp32(
-        [recipe, kernel, lambda x, a, b: F.linear(F.relu(F.linear(x, a)).pow(2.05), b)],
-        inputs, constants)
-    assert fused < 3 * own and power > 7 * own, (own, fused, power)
+def test_a_recipe_with_a_recursive_helper_or_a_partial_stops_in_one_line_too(copies):
+    """Its fingerprint takes each function it names once; a partial has no code to read."""
+    for name, edits, named in [("recursive", RECURSIVE, "relu_square_mlp"),
+                               ("partial", PARTIAL, "functools.partial(<function head_loss")]:
+        attempt = copies(name, *edits)
+        assert refusal(attempt, attempt.parse_args(SMALL_ARGS)).startswith(
+            f"{name}.py: {named}"), name
 
 
 def test_the_log_names_a_function_without_a_name(copies, tmp_path):
@@ -206,6 +190,24 @@ def test_an_mlp_that_calls_a_new_function_runs_the_edit_on_the_gpu_path(copies):
     assert torch.allclose(mlp(x)[0], expected, atol=1e-5)
     assert not torch.allclose(expected, train_gpt.relu_square_mlp(
         x[0], mlp.c_fc.weight, mlp.c_proj.weight), atol=1e-3)
+
+
+def test_the_unedited_file_and_edits_of_words_alone_take_the_kernels(copies):
+    """Docstrings, comments and the layout of a line are not the code a kernel computes."""
+    reworded = copies("reworded", (
+        '    """The MLP: ReLU^2 between two products, relu(x w_fc^T)^2 w_proj^T."""',
+        '    """ReLU squared."""  # the speedrun\'s activation'),
+        ("return F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
+         "return F.linear(F.relu(F.linear(x,\n"
+         "                                 w_fc)).square(), w_proj)"))
+    for module in (train_gpt, reworded):
+        model = module.GPT(**SMALL)
+        module.use_kernels(model, torch.device("cpu"))
+        kernels = module.triton is not None  # without Triton the recipe's functions stay
+        assert isinstance(model.head_loss, module.Kernel) == kernels
+        assert isinstance(model.blocks[0].mlp.relu_square_mlp, module.Kernel) == kernels
+    assert reworded.recipe_fingerprint(reworded.relu_square_mlp) == \
+        train_gpt.KERNEL_RECIPES["mlp"]
 
 
 @needs_triton
@@ -350,12 +352,15 @@ def test_two_copies_of_one_name_in_two_folders_keep_their_own_kernels(tmp_path):
 
 @needs_triton
 def test_a_kernel_that_does_not_compile_stops_with_tritons_own_error(copies):
-    """An edited kernel with a typo is not a silent fall back to the recipe: the run stops, as
-    the model is built, with the error of Triton's compiler (here, its interpreter's)."""
+    """An edited kernel with a typo is not a silent fall back to the recipe: the run stops with
+    the error of Triton's compiler (here, its interpreter's)."""
     attempt = copies("attempt", ("acc = tl.dot(a, b.to(OPERAND), acc)",
                                  "acc = tl.dott(a, b.to(OPERAND), acc)"))
+    model = attempt.GPT(**SMALL)
+    attempt.use_kernels(model, torch.device("cpu"))
+    assert isinstance(model.blocks[0].mlp.relu_square_mlp, attempt.Kernel)
     with pytest.raises(Exception, match="dott"):
-        attempt.use_kernels(attempt.GPT(**SMALL), torch.device("cpu"))
+        model.blocks[0].mlp(randn(1, 128, 128, seed=1).float())
 
 
 NO_DOCUMENTS = ("return (doc_start[q_idx] <= kv_idx) & (kv_idx <= q_idx)",

@@ -388,7 +388,6 @@ def test_each_kernel_runs_where_one_of_its_settings_fits_the_gpu(gpu, embed_dtyp
         pytest.skip("needs Triton, which comes with PyTorch's CUDA builds; without it the "
                     "recipe's functions always run")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: StandInGPU(*gpu))
-    monkeypatch.setattr(train_gpt, "check_kernel", lambda kernel, *sample: kernel)  # no GPU here
     model = small_model(embed_dtype=embed_dtype)
     use_kernels(model, torch.device("cpu") if gpu is None else torch.device("cuda", 0))
     assert runs_as(model) == expected
@@ -512,7 +511,6 @@ def test_the_mlp_kernel_takes_the_first_of_its_settings_that_fits(gpu, setting, 
     """The H100's and the A100's take the first, the 99 KB GPUs (an RTX 3090, an RTX 5090) the
     second: a list in another order would give the 99 KB GPUs' to every GPU."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: StandInGPU(*gpu))
-    monkeypatch.setattr(train_gpt, "check_kernel", lambda kernel, *sample: kernel)  # no GPU here
     model = small_model(embed_dtype=torch.bfloat16)
     use_kernels(model, torch.device("cuda", 0))
     assert model.blocks[0].mlp.relu_square_mlp.setting == setting

@@ -9,15 +9,14 @@
 #     run(command="bash records/prepared/measure.sh run3", carry=["records/prepared/trees"],
 #         timeout_s=600)
 #
-# run3: main's GPU tests that have not run on it (the compiled model, the kernels' check at
-# start-up), then the persistent MLP kernel (persist: mlp_persistent.patch):
-# its tests, its bits against main's kernel, one micro-batch a step against main, and the MLP
-# alone; main's resume test last. Each step's whole output goes to its own file, and all of
-# them into $OUT/outputs.tar.gz after each step (the device brings back at most 8 files), so a
-# call cut short still brings back the steps before; the steps stop themselves by 570 s, the
-# ones that matter most first. Printed: the card, then one line per step with its exit code,
-# and for each benchmark which code ran the head and the MLPs, its forward+backward and its
-# peak.
+# run3: main's GPU tests that have not run on it (the compiled model), then the persistent MLP
+# kernel (persist: mlp_persistent.patch): its tests, its bits against main's kernel, one
+# micro-batch a step against main, and the MLP alone; main's resume test last. Each step's whole
+# output goes to its own file, and all of them into $OUT/outputs.tar.gz after each step (the
+# device brings back at most 8 files), so a call cut short still brings back the steps before;
+# the steps stop themselves by 570 s, the ones that matter most first. Printed: the card, then
+# one line per step with its exit code, and for each benchmark which code ran the head and the
+# MLPs, its forward+backward and its peak.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -90,11 +89,10 @@ torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$work/
     bench=(python3 benchmarks/bench_step.py --batch_size=65536 --steps=10
            "--train_files=/tmp/shards/synthetic_train_*.bin")
 
-    # 1. main: the compiled model against fp32 eager (the head read once inside it), each
-    #    kernel's check at start-up at the reference widths, the MLP's settings at the real
-    #    shape [100 s]
+    # 1. main: the compiled model against fp32 eager (the head read once inside it), the MLP's
+    #    settings at the real shape [80 s]
     step main_tests 200 "$root" "${pytest[@]}" tests/test_gpu.py \
-        -k "compiled_bf16 or check or relu_square_mlp or h100"
+        -k "compiled_bf16 or relu_square_mlp or h100"
     # 2. the persistent MLP: the kernel tests on CUDA at small shapes (the builds for every
     #    target are the CPU's), its settings at the real shape, flattened or not [120 s]; then
     #    its outputs against main's kernel at the real shapes, bit for bit [30 s]
