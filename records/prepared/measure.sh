@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# The next GPU session's call, at most 600 s on a fresh machine. From the repository root, here
-# first (no GPU needed):
+# The next GPU run: one command of at most 600 s on a fresh machine with one GPU. From the
+# repository root, first (no GPU needed):
 #
 #     bash records/prepared/measure.sh trees    # trees/NAME: main's files with patches applied
 #
-# then one device call:
+# then, on the GPU machine, in the work tree with the ignored records/prepared/trees copied
+# into it, with a 600 s limit:
 #
-#     run(command="bash records/prepared/measure.sh run3", carry=["records/prepared/trees"],
-#         timeout_s=600)
+#     bash records/prepared/measure.sh run3
 #
 # run3: main's GPU tests that have not run on it (the compiled model), then the persistent MLP
 # kernel (persist: mlp_persistent.patch): its tests, its bits against main's kernel, one
 # micro-batch a step against main, and the MLP alone; main's resume test last. Each step's whole
-# output goes to its own file, and all of them into $OUT/outputs.tar.gz after each step (the
-# device brings back at most 8 files), so a call cut short still brings back the steps before;
-# the steps stop themselves by 570 s, the ones that matter most first. Printed: the card, then
-# one line per step with its exit code, and for each benchmark which code ran the head and the
-# MLPs, its forward+backward and its peak.
+# output goes to its own file, and all of them into $OUT/outputs.tar.gz (/tmp/measure_out
+# without OUT) after each step, so a run cut short still keeps the steps before; the steps stop
+# themselves by 570 s, the ones that matter most first. Printed: the card, then one line per
+# step with its exit code, and for each benchmark which code ran the head and the MLPs, its
+# forward+backward and its peak.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
