@@ -6,6 +6,7 @@ in the processes it starts. Without a GPU, the Triton kernels run in Triton's in
 the CPU: it must be chosen before they are defined, so before anything imports train_gpt. The
 processes the tests start keep their freed memory, as run.sh has the CPU smoke run do.
 """
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from compare import CPU_MALLOC  # noqa: E402
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters, from glibc's malloc.h
+
+
+def keep_freed_memory():
+    """run.sh's allocator setting for this process, where glibc is the C library: blocks of up
+    to 2 GiB come from the heap rather than their own mappings, and the heap is not given back."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (macOS): nothing to set
+        return
+    for parameter in (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD):
+        libc.mallopt(parameter, 2**31 - 1)  # an int: 2 GiB, the most mallopt takes
+
+
 # One thread, as in the worker processes the tests start (torchrun gives each rank one): on some
 # processors the CPU kernels split a product differently with two threads, which changes its
 # rounding, and runs in this process are compared bit for bit with runs in those.
@@ -23,8 +38,12 @@ torch.set_num_threads(1)
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
     # Fresh pages for every step's tensors cost the training processes more than their math: a
-    # third of the suite's time went to the kernel's side of it.
-    os.environ.setdefault("GLIBC_TUNABLES", CPU_MALLOC)
+    # third of the suite's time went to the kernel's side of it. The processes the tests start
+    # (pytest-xdist's workers among them) read the setting from the environment as they start;
+    # this one read it before this file ran, so it takes the same through mallopt.
+    if "GLIBC_TUNABLES" not in os.environ:  # a user's own setting wins
+        os.environ["GLIBC_TUNABLES"] = CPU_MALLOC
+        keep_freed_memory()
     # Inductor compiles in a pool of worker processes, each importing torch: on the suite's two
     # cores that costs more than it saves (measured: 96 s of CPU against 78 s in one thread for
     # the GPU path's two-rank test). The code it generates is the same.
