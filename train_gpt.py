@@ -9,6 +9,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import functools
 import glob
 import hashlib
 import inspect
@@ -619,58 +620,58 @@ def train(args, rank, world_size, device):
     window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
 
     def train_one_step(step):
-        window.fill_(window_blocks(step, args.num_iterations))
+        window.fill_(window_schedule(step, args.num_iterations))
         inputs, targets = train_loader.next_batch(args.batch_size)
-        loss = train_step(ddp_model, inputs, targets, window, seq_len)
+        loss = forward_backward(ddp_model, inputs, targets, window, seq_len)
         optimizer_step(adam, muon, step, args)
         return loss
 
-    # Compile on a few untimed steps, then put everything back as it was: the timed run is the
-    # run without them. The snapshot waits in host memory, not beside the weights.
-    initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True),
-                            training_state(*stateful))
-    run_compile_steps(train_one_step, args.compile_steps, log, show=rank == 0)
-    restore_training_state(initial, *stateful)
-    del initial
-
-    val_losses, readouts, stop_requested = {}, [], False
-    with stop_signals(show=rank == 0) as signals:  # a rank's request reaches all with its loss
+    with stop_signals(print_notice=rank == 0) as signals:  # noted here, shared by all ranks
+        # Compile on a few untimed steps, then put everything back as it was: the timed run is
+        # the run without them. The snapshot waits in host memory, not beside the weights.
+        initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True),
+                                training_state(*stateful))
+        if run_compile_steps(train_one_step, args.compile_steps, signals, log, rank == 0):
+            stop_run("interrupted in the compile steps, before training began",
+                     resume[0] if resume else None, log, error=SystemExit)
+        restore_training_state(initial, *stateful)
+        del initial
         clock = TrainClock(device)  # from here: the set-up above is no training
         first_step, newest = resume_from(resume, stateful, clock, log)  # (0, None): a new run
         del resume  # in the model and optimizers now: free its copy in host memory
+        val_losses, in_flight, stop_requested = {}, [], False
         for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
             validate = last or (args.val_every > 0 and step % args.val_every == 0)
             checkpoint = step > first_step and ((last and args.save_checkpoint) or (
                 args.checkpoint_every > 0 and step % args.checkpoint_every == 0))
-            # the readout of the steps before: all but the newest, so that the GPU always has a
-            # step queued; all where validation, a checkpoint or a stop waits for the GPU anyway
-            while readouts and (len(readouts) > 1 or validate or checkpoint or stop_requested):
-                done, loss, asked, ms = finish_readout(readouts.pop(0), clock)
-                log_train_line(log, done, loss, ms, args)
-                check_finite("training loss", done, loss, log, args, newest)
+            # the losses and stop requests of the steps before, on their way to the host: all
+            # but the newest, so that the GPU always has a step queued; all where validation, a
+            # checkpoint or a stop waits for the GPU anyway
+            while in_flight and (len(in_flight) > 1 or validate or checkpoint or stop_requested):
+                done, loss, asked, ms = receive_loss_and_stop(in_flight.pop(0), clock)
+                report_loss(log, "training", done, loss, ms, args, newest)
                 stop_requested |= asked
             # a checkpoint when due; the stop that a rank asked for, unless the run is done
             stop = stop_requested and not last
             if checkpoint or (stop and (args.checkpoint_every > 0 or args.save_checkpoint)):
                 with clock.paused():
+                    check_finite("norm of the weights", step, weights_norm(model), log, newest)
                     newest = save_checkpoint(step, stateful, args, run_id, clock, log, newest)
             if stop:
-                stop_run(SystemExit, f"interrupted at step {step}; {how_to_continue(newest)}", log)
-            # validation, off the clock
-            if validate:
+                stop_run(f"interrupted at step {step}", newest, log, error=SystemExit)
+            if validate:  # off the clock, with this step's window
                 with clock.paused():
-                    window.fill_(window_blocks(step, args.num_iterations))
-                    val_losses[step] = evaluate(compiled, val_loader, args, window,
-                                                world_size).item()
-                log_val_line(log, step, val_losses[step], clock.elapsed_ms, args)
-                check_finite("validation loss", step, val_losses[step], log, args, newest)
+                    window.fill_(window_schedule(step, args.num_iterations))
+                    val_losses[step] = evaluate(compiled, val_loader, window, args, world_size)
+                report_loss(log, "validation", step, val_losses[step], clock.elapsed_ms, args,
+                            newest)
             if last:
                 break
-            # the step; its loss and this rank's stop request start back to the host
             loss = train_one_step(step)
-            readouts.append(start_readout(step + 1, loss, bool(signals), clock))
-    log_peak_memory(log, device)
+            in_flight.append(send_loss_and_stop(step + 1, loss, bool(signals), clock))
+    log(f"peak memory consumption: {peak_memory_mib(device)} MiB" + (
+        "" if device.type == "cuda" else " (CPU run: peak resident set size of rank 0)"))
     return val_losses
 
 def build_model(args, device, gpu_path=None):
@@ -715,12 +716,12 @@ def muon_momentum(step, ramp_steps=300):
     frac = min(step / ramp_steps, 1)
     return (1 - frac) * 0.85 + frac * 0.95
 
-def window_blocks(step, num_iterations):
+def window_schedule(step, num_iterations):
     """The attention window, in 128-token blocks: 1 at the start, 14 (1792 tokens) at the end."""
     x = step / num_iterations
     return int(((1 - x) * 128 + x * 1856) // 128)
 
-def train_step(model, inputs, targets, window, seq_len):
+def forward_backward(model, inputs, targets, window, seq_len):
     """Forward and backward this rank's slice as sequences of `seq_len` tokens; return the mean
     loss. Gradients are averaged over the sequences here and over the ranks by DDP, after the
     last: the update is the mean over the whole batch, whatever the world size."""
@@ -748,8 +749,9 @@ def optimizer_step(adam, muon, step, args):
     muon.zero_grad(set_to_none=True)
 
 @torch.no_grad()
-def evaluate(model, loader, args, window, world_size):
-    """Mean loss over the first val_tokens of the val shard, as sequences of micro_batch_size."""
+def evaluate(model, loader, window, args, world_size):
+    """The val loss: the mean loss over the first val_tokens of the val shard, in sequences of
+    micro_batch_size tokens, over every rank."""
     model.eval()
     loader.reset()
     steps = args.val_tokens // (world_size * args.micro_batch_size)
@@ -758,7 +760,16 @@ def evaluate(model, loader, args, window, world_size):
         inputs, targets = loader.next_batch(world_size * args.micro_batch_size)
         total += model(inputs, targets, window).float()
     model.train()
-    return all_ranks_mean(total / steps)
+    return all_ranks_mean(total / steps).item()
+
+def report_loss(log, kind, step, loss, ms, args, newest):
+    """Log the record's line of a `kind` ("training" or "validation") loss after `step` steps,
+    then stop the run if the loss is not finite."""
+    done = f"step:{step}/{args.num_iterations}"
+    times = f"train_time:{ms:.0f}ms step_avg:{ms / step if step else 0:.2f}ms"
+    log(f"{done} {times} train_loss:{loss:.4f}" if kind == "training" else
+        f"{done} val_loss:{loss:.4f} {times}")
+    check_finite(f"{kind} loss", step, loss, log, newest)
 
 # ----------------------------------------------------------------------------- around the loop
 # Processes and devices, the checks, the log and its lines, the clock, the untimed compile steps.
@@ -832,10 +843,9 @@ def check_config(args, world_size, val_shard_tokens):
 
 def check_host_memory(model, seq_len):
     """On a CPU, refuse sequences whose forward and backward cannot fit in the machine's memory,
-    shared by the processes torchrun starts on it, rather than be killed for them part-way.
-    Measured with PyTorch 2.11 in fp32, a token holds 4.2 copies of its logits at once, and 17
-    floats per layer and unit of width (36 where the layer has attention): the floor here
-    counts 3.5 and 14, and puts the reference's sequence of 65,536 tokens at 74.5 GiB."""
+    shared by the processes torchrun starts on it, rather than be killed for them part-way. The
+    floor counts, for each token, 3.5 fp32 copies of its logits and 14 fp32 values per layer and
+    unit of width: less than any model takes."""
     if model.lm_head.weight.is_cuda:  # where CUDA's own out-of-memory error gives the sizes
         return
     columns, width = model.lm_head.weight.shape
@@ -857,7 +867,7 @@ def all_ranks_mean(x):
     return x
 
 def make_logger(log_dir, run_id, rank):
-    """log(line): on rank 0, print and append to <log_dir>/<run id>.txt. Every rank makes the
+    """log(line): on rank 0, print and write to <log_dir>/<run id>.txt. Every rank makes the
     folder, or finds that it cannot, so that all stop alike."""
     try:
         os.makedirs(log_dir, exist_ok=True)
@@ -868,7 +878,9 @@ def make_logger(log_dir, run_id, rank):
     if rank != 0:
         return lambda line, console=True: None
     path = os.path.join(log_dir, f"{run_id}.txt")
-    log_file = open(path, "a")  # a restarted worker goes on with the same log
+    # workers that torchrun restarted go on with their run's log; a new run replaces the log of
+    # one that stopped before it trained, which is all a new run may find (see resume_path)
+    log_file = open(path, "a" if restarted_by_torchrun() else "w")
     print(f"logging to {path}")
 
     def log(line, console=True):
@@ -896,13 +908,8 @@ def log_run_header(log, args, world_size, train_files, val_files, model):
     log(f"world size {world_size}: {args.batch_size // world_size // seq_len} sequence(s) of "
         f"{seq_len} tokens per rank per step" + ("" if seq_len == args.micro_batch_size else
         " (shorter than --micro_batch_size: a different run from the reference)"))
-    head, mlp = model.head_loss, model.blocks[0].mlp.relu_square_mlp
-    log(f"the head's loss runs as {getattr(head, '__name__', head)}, the MLPs as "
-        f"{getattr(mlp, '__name__', mlp)}")
-
-def log_peak_memory(log, device):
-    log(f"peak memory consumption: {peak_memory_mib(device)} MiB" + (
-        "" if device.type == "cuda" else " (CPU run: peak resident set size of rank 0)"))
+    runs = what_runs(model)
+    log(f"the head's loss runs as {runs['head']}; the MLPs as {runs['mlp']}")
 
 def peak_memory_mib(device):
     """This process's peak memory on `device`: CUDA's allocations, or on a CPU the resident set.
@@ -917,24 +924,31 @@ def peak_memory_mib(device):
     except FileNotFoundError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 2**20
 
-def run_compile_steps(train_one_step, steps, log, show):
-    """Run the untimed steps that compile the model, each shown as it ends (`show`: rank 0), as
-    a bar on a terminal or a line in a file: with a cold compile cache they take minutes, which
-    a silent script cannot tell apart from a hang."""
-    if not steps:
-        return
+def run_compile_steps(train_one_step, steps, signals, log, show_progress):
+    """Run the untimed steps that compile the model, each shown as it ends (on rank 0), as a
+    bar on a terminal or a line in a file: with a cold compile cache they take minutes, which a
+    silent script cannot tell apart from a hang. Return whether a rank asked to stop (in
+    `signals`): then the steps end there, on every rank."""
     started = time.perf_counter()
-    terminal = show and sys.stdout.isatty()
+    terminal = show_progress and sys.stdout.isatty()
     bar = tqdm(total=steps, desc="compile steps (untimed)", unit="step", file=sys.stdout,
-               disable=not terminal)
+               disable=not terminal or not steps)
     for step in range(steps):
-        train_one_step(step).item()  # wait for the step, so that the time shown is its end
+        loss = train_one_step(step)
+        # waits for the step, so that the time shown is its end
+        stop_asked = all_ranks_mean(torch.full_like(loss, bool(signals))).item() > 0
         bar.update()
-        if show and not terminal:
+        if show_progress and not terminal:
             print(f"compile step {step + 1}/{steps}: {time.perf_counter() - started:.1f}s",
                   flush=True)
+        if stop_asked:
+            bar.close()
+            return True
     bar.close()
-    log(f"compile steps: {steps} in {time.perf_counter() - started:.1f}s, untimed, then undone")
+    if steps:
+        log(f"compile steps: {steps} in {time.perf_counter() - started:.1f}s, untimed, then "
+            f"undone")
+    return False
 
 class TrainClock:
     """Milliseconds spent training: validation and checkpoints run inside paused()."""
@@ -956,41 +970,35 @@ class TrainClock:
         self.sync()
         self.start = time.perf_counter()
 
-def start_readout(step, loss, signalled, clock):
-    """Start copying step `step`'s loss and stop request, their means over the ranks, to host
-    memory without waiting: reading a value the GPU has just computed makes the CPU wait for the
-    step, and the GPU then idles while the CPU prepares the next one."""
-    values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, signalled)]))
+def send_loss_and_stop(step, loss, stop_asked, clock):
+    """Send step `step`'s loss and whether a rank asked to stop, their means over the ranks, to
+    host memory without waiting for them: reading a value the GPU has just computed makes the
+    CPU wait for the step, and the GPU then idles while the CPU queues the next one. Read them
+    with receive_loss_and_stop a step later."""
+    values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, stop_asked)]))
     host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
     arrived = torch.cuda.current_stream().record_event() if values.is_cuda else None
     return step, host, arrived, clock.ms()
 
-def finish_readout(readout, clock):
-    """(step, mean loss, whether a rank asked to stop, train time in ms) of a start_readout()."""
-    step, host, arrived, ms = readout
+def receive_loss_and_stop(sent, clock):
+    """(step, mean loss, whether a rank asked to stop, train time in ms at the step's end) of a
+    send_loss_and_stop()."""
+    step, host, arrived, ms = sent
     if arrived:
         arrived.synchronize()  # long done unless the CPU is more than a step ahead
         ms = clock.ms()  # the step has certainly finished by now
     loss, stop = host.tolist()
     return step, loss, stop > 0, ms
 
-def log_train_line(log, step, loss, ms, args):
-    log(f"step:{step}/{args.num_iterations} train_time:{ms:.0f}ms step_avg:{ms / step:.2f}ms "
-        f"train_loss:{loss:.4f}")
-
-def log_val_line(log, step, loss, ms, args):
-    log(f"step:{step}/{args.num_iterations} val_loss:{loss:.4f} train_time:{ms:.0f}ms "
-        f"step_avg:{ms / step if step else 0:.2f}ms")  # every field, for the log's parsers
-
 # ----------------------------------------------------------------------- checkpoints and stops
 # A checkpoint holds the whole training state and the step: a resumed run takes the same batches
 # and reaches the same weights as one that never stopped. Ctrl-C, SIGTERM and non-finite values
 # stop every rank after the same step.
 
-# A resumed run may change these, which change neither the batches nor the math (`kernels`: up
-# to rounding).
-RUN_FIELDS = {"val_files", "val_tokens", "val_every", "compile_steps", "log_dir",
-              "checkpoint_every", "save_checkpoint", "resume", "kernels"}
+# The hyperparameters a resumed run may change: they change neither the batches nor the math
+# (`kernels`: up to rounding).
+MAY_CHANGE_ON_RESUME = {"val_files", "val_tokens", "val_every", "compile_steps", "log_dir",
+                        "checkpoint_every", "save_checkpoint", "resume", "kernels"}
 
 def training_state(model, adam, muon, loader, gather=False):
     """Everything the next steps depend on, with this rank's part of Muon's momentum (with
@@ -1005,12 +1013,14 @@ def restore_training_state(state, model, adam, muon, loader):
     muon.load_state_dict(state["muon"])
     loader.load_state_dict(state["train_loader"])
 
+def weights_norm(model):
+    """The norm of all the model's weights together: a NaN or an infinity if any weight is one."""
+    return torch.stack([p.detach().float().norm() for p in model.parameters()]).norm().item()
+
 def save_checkpoint(step, stateful, args, run_id, clock, log, newest):
     """Write the training state after `step` steps (rank 0 writes, the others wait); return its
-    path. Weights that are not finite are not written: the run ends there."""
+    path."""
     started = time.perf_counter()
-    weights = torch.stack([p.detach().float().norm() for p in stateful[0].parameters()])
-    check_finite("norm of the weights", step, weights.norm().item(), log, args, newest)
     path = os.path.join(args.log_dir, run_id, f"state_step{step:06d}.pt")
     checkpoint = dict(training_state(*stateful, gather=True), step=step, run_id=run_id,
                       world_size=dist.get_world_size() if dist.is_initialized() else 1,
@@ -1018,8 +1028,8 @@ def save_checkpoint(step, stateful, args, run_id, clock, log, newest):
     try:
         on_rank_0(write_checkpoint, checkpoint, path)
     except OSError as err:
-        stop_run(UserError, f"cannot write the checkpoint {path} ({err}); free space or change "
-                 f"--log_dir; {last_good(newest, args)}", log)
+        stop_run(f"cannot write the checkpoint {path} ({err}); free space or change --log_dir",
+                 newest, log)
     log(f"checkpoint: step {step} written to {path} in "
         f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
     return path
@@ -1036,33 +1046,27 @@ def resume_from(resume, stateful, clock, log):
     clock.elapsed_ms = checkpoint["train_time_ms"]
     return checkpoint["step"], path
 
-def check_finite(what, step, value, log, args, newest):
+def check_finite(what, step, value, log, newest):
     """End the run if `value` is a NaN or an infinity; every rank sees the same value."""
     if not math.isfinite(value):
-        stop_run(UserError, f"step {step}: the {what} is {value}, so the run stops here; "
-                 f"{last_good(newest, args)}", log)
+        stop_run(f"step {step}: the {what} is {value}, so the run stops here", newest, log)
 
-def last_good(newest, args):
-    return f"the last good checkpoint is {newest}" if newest else "no checkpoint was written" + (
-        "" if args.checkpoint_every else " (--checkpoint_every=K writes one every K steps)")
-
-def how_to_continue(newest):
-    return (f"continue with --resume={newest}" if newest else
-            "no checkpoint (--checkpoint_every or --save_checkpoint write one)")
-
-def stop_run(error, message, log):
+def stop_run(message, newest, log, error=UserError):
+    """End the run, on every rank alike, with `message` and where it can go on from: `newest`,
+    the newest checkpoint, or none."""
+    message += (f"; continue with --resume={newest}" if newest else
+                "; no checkpoint was written (--checkpoint_every=K writes one every K steps)")
     log(message)
     raise error(message)
 
 @contextlib.contextmanager
-def stop_signals(show):
+def stop_signals(print_notice):
     """Within it, a first Ctrl-C or SIGTERM is noted in the list it yields, which the loop shares
-    with the other ranks, so that all stop after the same step. A second ends the process at
-    once; one within a second of the first is a copy of it (a scheduler signals every process of
-    a job, and torchrun passes its own on). Python runs handlers only between bytecodes of the
-    main thread, which may wait long in a compile or for good in a hung collective: so a thread
-    reads each signal from the interpreter's wakeup pipe, says what the first does (`show`) and
-    ends the process on the second."""
+    with the other ranks, so that all stop after the same step (`print_notice`: say so). A second
+    ends the process at once; one within a second of the first is a copy of it (a scheduler
+    signals every process of a job, and torchrun passes its own on). Python runs handlers only
+    between bytecodes of the main thread, which may wait long in a compile or for good in a
+    hung collective: so a thread reads the signals from the interpreter's wakeup pipe."""
     signals, stops = [], (signal.SIGINT, signal.SIGTERM)
     watched, wakeup = os.pipe()
     os.set_blocking(wakeup, False)  # as set_wakeup_fd requires
@@ -1074,7 +1078,7 @@ def stop_signals(show):
                 continue
             if first is None:
                 first = time.monotonic()
-                if show:
+                if print_notice:
                     with contextlib.suppress(OSError):  # nobody may be reading any more
                         os.write(2, b"stopping after this step; Ctrl-C again to quit now\n")
             elif time.monotonic() - first > 1:
@@ -1092,6 +1096,10 @@ def stop_signals(show):
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.close(wakeup)
+
+def restarted_by_torchrun():
+    """Whether torchrun restarted this worker (--max-restarts), which then goes on with its run."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
 
 def make_run_id():
     """torchrun's run id, which lasts over its restarts of the workers, or a new one."""
@@ -1127,16 +1135,16 @@ def on_rank_0(fn, *args):
 def resume_path(args, run_id):
     """The checkpoint to continue from, or "": after torchrun restarts the workers (told by the
     restart count of rank 0's node), the run's own newest; otherwise --resume, a folder meaning
-    its newest. A new run may not take a run id that has a log or checkpoints: it would write
-    into that run's log."""
+    its newest. A new run may not take the run id of a run that began training (its log has a
+    step's line) or wrote checkpoints: it would write into that run's log."""
     log, folder = os.path.join(args.log_dir, f"{run_id}.txt"), os.path.join(args.log_dir, run_id)
     own = checkpoints_in(folder)
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+    if restarted_by_torchrun():
         if own:
             return own[-1]
-    elif os.path.exists(log) or own:
+    elif began_training(log) or own:
         resume = f" (to continue that run, add --resume={folder})" if own else ""
-        raise UserError(f"the run id {run_id} is taken: {log if os.path.exists(log) else folder} "
+        raise UserError(f"the run id {run_id} is taken: {log if began_training(log) else folder} "
                         f"holds an earlier run; give torchrun a new --rdzv-id{resume}")
     if os.path.isdir(args.resume):
         found = checkpoints_in(args.resume)
@@ -1145,6 +1153,13 @@ def resume_path(args, run_id):
                             f"(state_step*.pt)")
         return found[-1]
     return args.resume
+
+def began_training(log):
+    """Whether the log at path `log` has a step's line: its run began training."""
+    if not os.path.exists(log):
+        return False
+    with open(log) as f:
+        return re.search(r"^step:\d+/\d+ ", f.read(), re.MULTILINE) is not None
 
 def checkpoints_in(folder):
     """The complete checkpoints in `folder`, oldest first (a write in progress has another name)."""
@@ -1179,15 +1194,13 @@ def load_checkpoint(path, args, world_size):
             pickled = any(name.endswith("/data.pkl") for name in archive.namelist())
         problem = (f"its part {damaged} is damaged (the checksum differs)" if damaged else
                    None if pickled else "a zip archive, but not one that torch.save wrote")
+        state = None if problem else torch.load(path, map_location="cpu", weights_only=True)
     except zipfile.BadZipFile as err:
         problem = f"not a sound zip archive ({err}): a file of another kind, or one cut short"
+    except pickle.UnpicklingError:
+        problem = "it holds objects that weights_only=True refuses, not tensors and plain data"
     if problem:
         raise UserError(f"--resume={path} is not a readable checkpoint: {problem}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:  # holds more than tensors and plain containers
-        raise UserError(f"--resume={path} is not a readable checkpoint (UnpicklingError: "
-                        f"{str(err).strip()[:200]})") from None
     if not isinstance(state, dict) or "hyperparameters" not in state:
         raise UserError(f"--resume={path} is not a checkpoint of this script")
     # a field missing from an older checkpoint had its default then
@@ -1196,7 +1209,7 @@ def load_checkpoint(path, args, world_size):
     current = dict(dataclasses.asdict(args), world_size=world_size)
     differing = [f"{name} (checkpoint {saved.get(name)!r}, now {value!r})"
                  for name, value in current.items()
-                 if name not in RUN_FIELDS and saved.get(name) != value]
+                 if name not in MAY_CHANGE_ON_RESUME and saved.get(name) != value]
     if differing:
         raise UserError(f"{path} comes from a different configuration: {'; '.join(differing)}."
                         f" Resume with the checkpoint's values (the world size is torchrun's "
@@ -1204,11 +1217,10 @@ def load_checkpoint(path, args, world_size):
     return state
 
 # ----------------------------------------------------------------------------- GPU kernels
-# Each computes what a function of the recipe computes (`head_loss`, `relu_square_mlp`), which
-# the CPU path runs and the tests compare it with, on a GPU and on a CPU through Triton's
-# interpreter (TRITON_INTERPRET=1). A kernel is a custom op, which torch.compile calls as it is,
-# in an autograd.Function: AOTAutograd's cache keys a backward registered on the op by the op
-# alone, and would serve it after an edit.
+# Two functions of the recipe, `head_loss` and `relu_square_mlp`, have Triton kernels that
+# compute them, which a GPU runs in their place; the tests run them on a CPU too, through
+# Triton's interpreter (TRITON_INTERPRET=1). Each kernel is a custom op, which torch.compile
+# calls without breaking its graph, inside an autograd.Function.
 
 try:  # Triton comes with PyTorch's CUDA builds
     import triton
@@ -1218,14 +1230,6 @@ except ImportError:  # a CPU-only build runs the recipe's torch code
 if not globals().get("__file__"):  # run by exec(): Triton reads a kernel's code from its file
     triton = None
 
-# Each kernel's launch settings, the H100's first: a GPU takes the first that fits its shared
-# memory per block, and where none does, the recipe's torch code runs.
-KERNEL_SETTINGS = dict(
-    head=[dict(BLOCK=2048, num_warps=4)],  # columns per iteration, warps per row
-    mlp=[dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
-         # the 99 KB GPUs (sm_86, sm_89, sm_120): the same tiles, one load fewer in flight
-         dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)])
-HEAD_CHUNK_ROWS = 8192  # the logits made at a time: 8,192 x 50,304 in bf16 is 824 MB, not 6.6 GB
 # The code each kernel computes, as recipe_fingerprint() gives it: a copy that edits a recipe
 # function and not its kernel would train other code on a GPU than on a CPU.
 KERNEL_RECIPES = dict(head="484aad08653d", mlp="027de2b5e7a8")
@@ -1235,24 +1239,16 @@ OPS = "speedrun_" + hashlib.sha256(f"{globals().get('__file__') or uuid.uuid4()}
                                    .encode()).hexdigest()[:12]
 
 def use_kernels(model, device):
-    """Run the model's head loss and MLPs through the kernels that compute them, each with the
-    first of its settings that fits `device`; the MLP's only where its products split into the
-    setting's whole tiles and, on a GPU, run in bf16. Elsewhere the recipe's functions stay.
-    Refused in one line, before anything trains, where a kernel would compute something else."""
+    """Run the model's head loss and MLPs through the kernels that compute them: the head's
+    kernel everywhere; the MLP's where one of its pipelines fits `device`'s shared memory, its
+    products split into whole tiles, and (on a GPU) the stream is bf16. Elsewhere the recipe's
+    functions stay. Refused in one line, before anything trains, where a kernel would compute
+    something else."""
     if triton is None:  # PyTorch's CPU-only builds, or code run by exec()
         return
     mlps = [block.mlp for block in model.blocks]
-    for kernel, recipes in [("head", {model.head_loss}),
-                            ("mlp", {mlp.relu_square_mlp for mlp in mlps})]:
-        for recipe in recipes:
-            found = recipe_fingerprint(recipe)
-            if found == KERNEL_RECIPES[kernel]:
-                continue
-            fix = (f'make the kernel compute it and set KERNEL_RECIPES["{kernel}"] = "{found}"'
-                   if found else "write it as a function of the file, whose code can be read")
-            raise UserError(f"{os.path.basename(__file__)}: {getattr(recipe, '__name__', recipe)}"
-                            f" is not the code that the {kernel} kernel computes, so a GPU would "
-                            f"train other code than a CPU: run it with --kernels=false, or {fix}")
+    check_recipe("head", {model.head_loss})
+    check_recipe("mlp", {mlp.relu_square_mlp for mlp in mlps})
     # The head kernel sums exp(capped logit) over a row without a running maximum, and scales
     # the row by 1 / (rows x that sum), which must stay a normal fp32 number: for micro-batches
     # of up to 2^24 rows, more than a GPU's memory holds.
@@ -1263,29 +1259,63 @@ def use_kernels(model, device):
                         f" x its sum of exp(capped logit) over {columns} columns), a normal fp32 "
                         f"number only for caps up to {largest}; use a smaller cap, or "
                         f"--kernels=false")
-    head_setting = first_fitting_setting("head", device)
-    mlp_setting = first_fitting_setting("mlp", device)
-    if head_setting is not None:
-        model.head_loss = Kernel(fused_head_loss, "head", head_setting)
+    model.head_loss = triton_head_loss
+    num_stages = mlp_pipeline_stages(device)
     hidden, dim = mlps[0].c_fc.weight.shape
     in_bf16 = device.type != "cuda" or model.embed.weight.dtype == torch.bfloat16
-    # every sequence is whole 128-token blocks: a setting's rows split it if they split 128
-    if (mlp_setting is not None and in_bf16
-            and mlp_fits_tiles(BLOCK_SIZE, dim, hidden, mlp_setting)):
+    # every sequence is whole 128-token blocks: the tiles' rows split it if they split 128
+    if num_stages and in_bf16 and mlp_fits_tiles(BLOCK_SIZE, dim, hidden):
         for mlp in mlps:
-            mlp.relu_square_mlp = Kernel(ReluSquareMLP.apply, "mlp", mlp_setting)
+            mlp.relu_square_mlp = functools.partial(triton_relu_square_mlp, num_stages=num_stages)
 
-def recipe_fingerprint(fn, seen=()):
-    """A hash of `fn`'s code (not its docstring, comments or layout) with the functions and
-    constants of this file that it names; None where there is no code to read (a builtin, a
-    partial, a lambda inside a call)."""
+def check_recipe(kernel, recipes):
+    """Refuse, in one line, a recipe function that is not the code `kernel` computes."""
+    for recipe in recipes:
+        found = recipe_fingerprint(recipe)
+        if found == KERNEL_RECIPES[kernel]:
+            continue
+        name = getattr(recipe, "__name__", recipe)
+        cap = cap_written_in(recipe) if kernel == "head" else None
+        fix = (f"write softcap back where {name} has {cap}, and run with --softcap={cap}"
+               if cap is not None else
+               f'make the kernel compute it and set KERNEL_RECIPES["{kernel}"] = "{found}"'
+               if found else "write it as a function of the file, whose code can be read")
+        raise UserError(f"{os.path.basename(__file__)}: {name} is not the code that the {kernel} "
+                        f"kernel computes, so a GPU would train other code than a CPU: run it "
+                        f"with --kernels=false, or {fix}")
+
+def function_tree(fn):
+    """The syntax tree of `fn`'s code without its docstring, or None where there is no code to
+    read (a builtin, a partial, a lambda inside a call)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
     except (OSError, TypeError, SyntaxError):
         return None
     if isinstance(tree, ast.FunctionDef) and ast.get_docstring(tree) is not None:
         tree.body = tree.body[1:]
+    return tree
+
+def cap_written_in(fn):
+    """The number that a copy of `head_loss` has in place of each use of its argument softcap,
+    or None: what --softcap would then be."""
+    nodes = list(ast.walk(function_tree(fn) or ast.Pass()))
+    if any(isinstance(node, ast.Name) and node.id == "softcap" for node in nodes):
+        return None
+    numbers = {node.value for node in nodes if isinstance(node, ast.Constant)
+               and type(node.value) in (int, float)}
+    return next((number for number in sorted(numbers)
+                 if recipe_fingerprint(fn, softcap=number) == KERNEL_RECIPES["head"]), None)
+
+def recipe_fingerprint(fn, seen=(), softcap=None):
+    """A hash of `fn`'s code (not its docstring, comments or layout) with the functions and
+    constants of this file that it names; None where there is no code to read. With `softcap`,
+    the number `softcap` reads as the name softcap: what a cap written into the code would be."""
+    tree = function_tree(fn)
+    if tree is None:
+        return None
     code, nodes = ast.unparse(tree), list(ast.walk(tree))
+    if softcap is not None:
+        code = re.sub(rf"(?<![\w.]){re.escape(repr(softcap))}(?![\w.])", "softcap", code)
     bound = {node.arg for node in nodes if isinstance(node, ast.arg)} | {
         node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
     for name in sorted({node.id for node in nodes if isinstance(node, ast.Name)} - bound):
@@ -1296,60 +1326,44 @@ def recipe_fingerprint(fn, seen=()):
             code += f"\n{name} = {value!r}"
     return hashlib.sha256(code.encode()).hexdigest()[:12]
 
-def first_fitting_setting(kernel, device):
-    """The index of the first of `kernel`'s settings that fits `device`'s shared memory per
-    block, or None; on a CPU, where Triton's interpreter runs the kernels, the first."""
-    gpu = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
-    return next((index for index, setting in enumerate(KERNEL_SETTINGS[kernel]) if not gpu or
-                 shared_memory(kernel, setting, gpu.major) <= gpu.shared_memory_per_block_optin),
-                None)
+def what_runs(model):
+    """{"head": ..., "mlp": ...}: what computes the head's loss and the MLPs, as the log and the
+    benchmarks say it; a forward that does not call the function use_kernels sets runs its own."""
+    said = {}
+    for part, module, name in [("head", model, "head_loss"),
+                               ("mlp", model.blocks[0].mlp, "relu_square_mlp")]:
+        fn, forward = getattr(module, name), function_tree(type(module).forward)
+        if forward and name not in {getattr(node, "attr", "") for node in ast.walk(forward)}:
+            said[part] = (f"{type(module).__name__}.forward's own code (it does not call "
+                          f"self.{name})")
+        elif fn is triton_head_loss:
+            said[part] = f"the head kernel (Triton, {HEAD_KERNEL_SETTING})"
+        elif getattr(fn, "func", None) is triton_relu_square_mlp:
+            said[part] = f"the MLP kernel (Triton, {MLP_TILES}, {fn.keywords})"
+        else:
+            said[part] = f"{getattr(fn, '__name__', fn)} (torch code)"
+    return said
 
-def shared_memory(kernel, setting, major):
-    """The bytes of shared memory per block that Triton's build of `kernel` with `setting` takes
-    on a GPU of compute capability `major`.x, with 1 KiB to spare (sm_100's pipeline barriers
-    take 16 of them); tests/kernels_for_gpus.py checks it against each GPU target's build."""
-    if kernel == "head":
-        return 4 * setting["num_warps"] + 1024  # a row's partial sums, an fp32 per warp
-    # the MLP's pipeline holds bf16 tiles of both operands: num_stages of them on sm_90 and
-    # sm_100, whose copies run asynchronously to the tensor cores, one fewer elsewhere
-    buffers = setting["num_stages"] - (major not in (9, 10))
-    return buffers * (setting["BLOCK_M"] + setting["BLOCK_N"]) * setting["BLOCK_K"] * 2 + 1024
+# ----------------------------------------------------------------------- the head's kernel
+# head_loss, HEAD_CHUNK_ROWS rows at a time: a product makes the chunk's logits z = x W^T; the
+# kernel reads each logit once and writes over it, in place, its unscaled share of d loss / dz;
+# two more products turn the shares into the chunk's part of d/dx and d/dW. The forward saves
+# those two gradients, and the backward only scales them by the incoming gradient.
 
-def mlp_fits_tiles(tokens, dim, hidden, setting):
-    """Whether an MLP of `tokens` x `dim` inputs and `hidden` units splits into whole tiles of
-    the MLP kernel's setting number `setting`."""
-    tile = KERNEL_SETTINGS["mlp"][setting]
-    return (tokens % tile["BLOCK_M"] == 0 and hidden % tile["BLOCK_N"] == 0
-            and dim % tile["BLOCK_K"] == 0)
+HEAD_CHUNK_ROWS = 8192  # the logits made at a time: 8,192 x 50,304 in bf16 is 824 MB, not 6.6 GB
+HEAD_KERNEL_SETTING = dict(BLOCK=2048, num_warps=4)  # columns per iteration, warps per row
 
-class Kernel:
-    """A recipe function's Triton form, called as the function is: `function`, which takes the
-    recipe function's arguments and the number of its launch setting in KERNEL_SETTINGS[name]."""
-
-    def __init__(self, function, name, setting):
-        self.function, self.setting = function, setting
-        self.__name__ = f"the {name} kernel (Triton, {KERNEL_SETTINGS[name][setting]})"
-
-    def __call__(self, *args):
-        return self.function(*args, self.setting)
-
-def fused_head_loss(x, weight, targets, softcap, setting):
+def triton_head_loss(x, weight, targets, softcap):
     """`head_loss` through the head kernel: with its gradients where autograd will ask for them,
     the loss alone where it will not (evaluation, under torch.no_grad)."""
     if torch.is_grad_enabled():
-        return HeadLoss.apply(x, weight, targets, softcap, setting)
-    return softcapped_cross_entropy(x, weight, targets, softcap, False, setting)[0]
+        return HeadLoss.apply(x, weight, targets, softcap)
+    return head_loss_and_gradients(x, weight, targets, softcap, False)[0]
 
 class HeadLoss(torch.autograd.Function):
-    """`head_loss` a chunk of rows at a time: each chunk's logits are made by one product, turned
-    in place by the kernel into their gradient (in parts: see the kernel), and multiplied into
-    the gradients of x and of the head's weight. The 6.6 GB of a micro-batch's logits never
-    exist at once, and the backward only scales the two gradients by the incoming one."""
-
     @staticmethod
-    def forward(ctx, x, weight, targets, softcap, setting):
-        loss, grad_x, grad_weight = softcapped_cross_entropy(x, weight, targets, softcap, True,
-                                                             setting)
+    def forward(ctx, x, weight, targets, softcap):
+        loss, grad_x, grad_weight = head_loss_and_gradients(x, weight, targets, softcap, True)
         ctx.save_for_backward(grad_x, grad_weight)
         ctx.weight_dtype = weight.dtype
         return loss
@@ -1357,29 +1371,27 @@ class HeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_x, grad_weight = ctx.saved_tensors
-        return (grad_x * grad_loss, (grad_weight * grad_loss).to(ctx.weight_dtype),
-                None, None, None)
+        return grad_x * grad_loss, (grad_weight * grad_loss).to(ctx.weight_dtype), None, None
 
-@torch.library.custom_op(f"{OPS}::softcapped_cross_entropy", mutates_args=())
-def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                             softcap: float, gradients: bool, setting: int
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean loss over the rows of the logits x weight^T; with `gradients`, its gradients over x,
-    and over weight in fp32, else two empty tensors), with the head kernel's setting number
-    `setting`. Every target is a column of the logits: there is no ignored index."""
+@torch.library.custom_op(f"{OPS}::head_loss_and_gradients", mutates_args=())
+def head_loss_and_gradients(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                            softcap: float, with_gradients: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the mean loss of head_loss; with `with_gradients`, its gradients over x, and over weight
+    in fp32, else two empty tensors). Every target is a column of the logits: there is no
+    ignored index."""
     rows = x.size(0)
     losses = torch.empty(rows, dtype=torch.float32, device=x.device)
-    grad_x = x.new_empty(x.shape if gradients else 0)
-    grad_weight = torch.zeros(weight.shape if gradients else 0, dtype=torch.float32,
+    grad_x = x.new_empty(x.shape if with_gradients else 0)
+    grad_weight = torch.zeros(weight.shape if with_gradients else 0, dtype=torch.float32,
                               device=x.device)
     chunk_logits = x.new_empty(min(rows, HEAD_CHUNK_ROWS), weight.size(0))  # one, reused
     for start in range(0, rows, HEAD_CHUNK_ROWS):
         chunk = slice(start, start + HEAD_CHUNK_ROWS)
         logits = torch.mm(x[chunk], weight.T, out=chunk_logits[:len(x[chunk])])
-        # in place, the logits become the unscaled shares of their gradient, 0 at the targets
         row_scales, target_shares = softcapped_cross_entropy_rows(
-            logits, targets[chunk], losses[chunk], 1 / rows, softcap, gradients, setting)
-        if gradients:
+            logits, targets[chunk], losses[chunk], 1 / rows, softcap, with_gradients)
+        if with_gradients:
             row_scales, target_shares = row_scales[:, None], target_shares[:, None]
             target = targets[chunk]
             # x's: the targets' shares, and the rest's product, in fp32, scaled, rounded once
@@ -1393,23 +1405,10 @@ def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: tor
             grad_weight.index_add_(0, target, x[chunk] * (target_shares * row_scales))
     return losses.mean(), grad_x, grad_weight
 
-@softcapped_cross_entropy.register_fake
-def _(x, weight, targets, softcap, gradients, setting):
-    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape if gradients else 0),
-            x.new_empty(weight.shape if gradients else 0, dtype=torch.float32))
-
-def softcapped_cross_entropy_rows(logits, targets, losses, scale, softcap, gradients, setting):
-    """The head kernel, with setting number `setting`, on each row of `logits`: the row's loss
-    into `losses`; with `gradients`, `scale` times the loss's gradient over the row, as the row's
-    scale times unscaled shares. Writes the shares over the row, 0 at the target; returns the
-    rows' scales and the targets' shares, in fp32."""
-    row_scales, target_shares = torch.empty(2, len(logits), dtype=torch.float32,
-                                            device=logits.device)
-    softcapped_cross_entropy_kernel[(len(logits),)](logits, targets.contiguous(), losses,
-                                                    row_scales, target_shares, scale,
-                                                    logits.size(1), softcap, gradients,
-                                                    **KERNEL_SETTINGS["head"][setting])
-    return row_scales, target_shares
+@head_loss_and_gradients.register_fake
+def _(x, weight, targets, softcap, with_gradients):
+    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape if with_gradients else 0),
+            x.new_empty(weight.shape if with_gradients else 0, dtype=torch.float32))
 
 def add_product_in_fp32(total, a, b):
     """total += a b, summed in fp32 whatever the dtype of a and b: a product made in chunks then
@@ -1421,46 +1420,16 @@ def add_product_in_fp32(total, a, b):
     else:  # the CPU has no mixed-dtype product
         total.addmm_(a.to(total.dtype), b.to(total.dtype))
 
-class ReluSquareMLP(torch.autograd.Function):
-    """`relu_square_mlp` with ReLU^2 computed where the products that surround it write: the
-    first product also writes relu(pre)^2, and in the backward the product that makes d/d(that)
-    multiplies it by 2 relu(pre) as it writes. Each saves a pass over a tokens x hidden tensor."""
-
-    @staticmethod
-    def forward(ctx, x, w_fc, w_proj, setting):
-        pre, h = relu_square_matmul(x, w_fc.T, None, setting)
-        ctx.save_for_backward(x, w_fc, w_proj, pre)
-        ctx.setting = setting
-        return h @ w_proj.T
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, w_fc, w_proj, pre = ctx.saved_tensors
-        grad_pre, h = relu_square_matmul(grad_out, w_proj, pre, ctx.setting)
-        return grad_pre @ w_fc, grad_pre.T @ x, grad_out.T @ h, None
-
-@torch.library.custom_op(f"{OPS}::relu_square_matmul", mutates_args=())
-def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[torch.Tensor],
-                       setting: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """With `pre` None: (a b, relu(a b)^2). Given `pre`: (a b * 2 relu(pre), relu(pre)^2). With
-    the MLP kernel's setting number `setting`."""
-    (M, K), N = a.shape, b.size(1)
-    if not mlp_fits_tiles(M, K, N, setting):
-        raise ValueError(f"relu_square_matmul: a {M} x {K} by {K} x {N} product does not split "
-                         "into the kernel's whole tiles")
-    tile = KERNEL_SETTINGS["mlp"][setting]
-    a, pre = a.contiguous(), None if pre is None else pre.contiguous()
-    out, h = a.new_empty(M, N), a.new_empty(M, N)
-    grid = (M // tile["BLOCK_M"] * (N // tile["BLOCK_N"]),)
-    # the interpreter multiplies bf16 as raw bits: fp32 holds the same values
-    operand = tl.bfloat16 if a.is_cuda else tl.float32
-    relu_square_matmul_kernel[grid](a, b, out if pre is None else pre, out, h, M, N, K,
-                                    *b.stride(), pre is not None, operand, **tile)
-    return out, h
-
-@relu_square_matmul.register_fake
-def _(a, b, pre, setting):
-    return a.new_empty(a.size(0), b.size(1)), a.new_empty(a.size(0), b.size(1))
+def softcapped_cross_entropy_rows(logits, targets, losses, scale, softcap, with_gradients):
+    """Launch the head kernel on each row of `logits`; return the rows' scales and the targets'
+    shares, in fp32."""
+    row_scales, target_shares = torch.empty(2, len(logits), dtype=torch.float32,
+                                            device=logits.device)
+    softcapped_cross_entropy_kernel[(len(logits),)](logits, targets.contiguous(), losses,
+                                                    row_scales, target_shares, scale,
+                                                    logits.size(1), softcap, with_gradients,
+                                                    **HEAD_KERNEL_SETTING)
+    return row_scales, target_shares
 
 if triton is not None:
     @triton.jit
@@ -1514,6 +1483,81 @@ if triton is not None:
             tl.debug_barrier()
             tl.store(logits_ptr + target, tl.zeros([], logits_ptr.dtype.element_ty))
 
+# ------------------------------------------------------------------------ the MLP's kernel
+# relu_square_mlp with ReLU^2 computed where the products around it write: the first product,
+# pre = x W_fc^T, also writes h = relu(pre)^2, and pre is saved; in the backward, the product
+# that makes d/dh multiplies it by 2 relu(pre) as it writes, and writes h again for d/dW_proj.
+
+MLP_TILES = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8)
+# The depths of its pipeline of loads, the H100's first: a GPU takes the first that fits its
+# shared memory per block, the 99 KB GPUs (sm_86, sm_89, sm_120) one load fewer in flight.
+MLP_STAGES = (4, 3)
+
+def mlp_pipeline_stages(device):
+    """The first of MLP_STAGES that fits `device`'s shared memory per block, or None; on a CPU,
+    where Triton's interpreter runs the kernels, the first."""
+    if device.type != "cuda":
+        return MLP_STAGES[0]
+    gpu = torch.cuda.get_device_properties(device)
+    return next((stages for stages in MLP_STAGES
+                 if mlp_shared_memory(stages, gpu.major) <= gpu.shared_memory_per_block_optin),
+                None)
+
+def mlp_shared_memory(num_stages, major):
+    """The bytes of shared memory per block that Triton's build of the MLP kernel takes with a
+    pipeline of `num_stages` on a GPU of compute capability `major`.x, with 1 KiB to spare
+    (sm_100's pipeline barriers take 16 of them): bf16 tiles of both operands, num_stages of
+    them on sm_90 and sm_100, whose copies run asynchronously to the tensor cores, one fewer
+    elsewhere. tests/kernels_for_gpus.py checks it against each GPU target's build."""
+    buffers = num_stages - (major not in (9, 10))
+    return buffers * (MLP_TILES["BLOCK_M"] + MLP_TILES["BLOCK_N"]) * MLP_TILES["BLOCK_K"] * 2 + 1024
+
+def mlp_fits_tiles(tokens, dim, hidden):
+    """Whether an MLP of `tokens` x `dim` inputs and `hidden` units splits into whole tiles."""
+    return (tokens % MLP_TILES["BLOCK_M"] == 0 and hidden % MLP_TILES["BLOCK_N"] == 0
+            and dim % MLP_TILES["BLOCK_K"] == 0)
+
+def triton_relu_square_mlp(x, w_fc, w_proj, num_stages):
+    """`relu_square_mlp` through the MLP kernel, with a pipeline of `num_stages` loads."""
+    return ReluSquareMLP.apply(x, w_fc, w_proj, num_stages)
+
+class ReluSquareMLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_fc, w_proj, num_stages):
+        pre, h = relu_square_matmul(x, w_fc.T, None, num_stages)
+        ctx.save_for_backward(x, w_fc, w_proj, pre)
+        ctx.num_stages = num_stages
+        return h @ w_proj.T
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w_fc, w_proj, pre = ctx.saved_tensors
+        grad_pre, h = relu_square_matmul(grad_out, w_proj, pre, ctx.num_stages)
+        return grad_pre @ w_fc, grad_pre.T @ x, grad_out.T @ h, None
+
+@torch.library.custom_op(f"{OPS}::relu_square_matmul", mutates_args=())
+def relu_square_matmul(a: torch.Tensor, b: torch.Tensor, pre: typing.Optional[torch.Tensor],
+                       num_stages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """With `pre` None: (a b, relu(a b)^2). Given `pre`: (a b * 2 relu(pre), relu(pre)^2)."""
+    (M, K), N = a.shape, b.size(1)
+    if not mlp_fits_tiles(M, K, N):
+        raise ValueError(f"relu_square_matmul: a {M} x {K} by {K} x {N} product does not split "
+                         "into the kernel's whole tiles")
+    a, pre = a.contiguous(), None if pre is None else pre.contiguous()
+    out, h = a.new_empty(M, N), a.new_empty(M, N)
+    grid = (M // MLP_TILES["BLOCK_M"] * (N // MLP_TILES["BLOCK_N"]),)
+    # the interpreter multiplies bf16 as raw bits: fp32 holds the same values
+    operand = tl.bfloat16 if a.is_cuda else tl.float32
+    relu_square_matmul_kernel[grid](a, b, out if pre is None else pre, out, h, M, N, K,
+                                    *b.stride(), pre is not None, operand, **MLP_TILES,
+                                    num_stages=num_stages)
+    return out, h
+
+@relu_square_matmul.register_fake
+def _(a, b, pre, num_stages):
+    return a.new_empty(a.size(0), b.size(1)), a.new_empty(a.size(0), b.size(1))
+
+if triton is not None:
     @triton.jit
     def relu_square_matmul_kernel(a_ptr, b_ptr, pre_ptr, out_ptr, h_ptr, M, N: tl.constexpr,
                                   K: tl.constexpr, stride_bk, stride_bn, BACKWARD: tl.constexpr,
@@ -1552,3 +1596,5 @@ if __name__ == "__main__":
         main()
     except UserError as err:
         sys.exit(f"error: {err}")
+    except KeyboardInterrupt:  # before the run notes Ctrl-C itself (stop_signals), or after
+        sys.exit("interrupted")

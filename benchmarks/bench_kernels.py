@@ -13,6 +13,7 @@ with the error, and skipped. --script times the kernels of a copy of train_gpt.p
 --part times one of the two alone.
 """
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -94,10 +95,8 @@ def main():
     targets = torch.randint(0, 50257, (TOKENS,), device="cuda", generator=generator)
     w_fc, w_proj = randn(4 * DIM, DIM, scale=DIM ** -0.5), randn(DIM, 4 * DIM, scale=0.02)
     softcap = script.Hyperparameters.softcap
-    cases = [("head", script.head_loss, script.fused_head_loss, [x, head], [targets, softcap],
-              HEAD_SWEEP),
-             ("mlp", script.relu_square_mlp, script.ReluSquareMLP.apply, [x, w_fc, w_proj], [],
-              MLP_SWEEP)]
+    cases = [("head", script.head_loss, [x, head], [targets, softcap], HEAD_SWEEP),
+             ("mlp", script.relu_square_mlp, [x, w_fc, w_proj], [], MLP_SWEEP)]
     results = []
 
     def record(**row):  # each row as it comes: a crash or a timeout keeps the rows before it
@@ -109,24 +108,40 @@ def main():
                                               indent=1))
 
     print(f"{'part':<6}{'ms':>9}{'peak MiB':>10}  version")
-    for name, reference, fused, inputs, extra, sweep in cases:
+    files = script.HEAD_KERNEL_SETTING, script.MLP_TILES
+    for name, reference, inputs, extra, sweep in cases:
         if args.part not in (None, name):
             continue
         ms, mib = time_ms(torch.compile(reference), inputs, extra, args.repeats)
         record(part=name, version="compiled pure torch", ms=ms, peak_mib=mib)
-        settings = script.KERNEL_SETTINGS[name]
-        index = script.first_fitting_setting(name, x.device)  # None: none fits this GPU
-        chosen = None if index is None else settings[index]
+        chosen = launch_setting(script, name, x.device)  # None: the recipe runs on this GPU
         for candidate in (sweep if args.sweep else [chosen] if chosen else []):
-            script.KERNEL_SETTINGS[name] = [candidate]  # the only one, forced
             try:
-                ms, mib = time_ms(script.Kernel(fused, name, 0), inputs, extra, args.repeats)
+                ms, mib = time_ms(kernel_with(script, name, candidate), inputs, extra,
+                                  args.repeats)
             except (OutOfResources, ValueError) as error:  # more than the GPU has
                 print(f"{name:<6}{'-':>9}{'-':>10}  kernel {candidate}: {error}", flush=True)
                 continue
             mark = " (the file's)" if candidate == chosen else ""
             record(part=name, version=f"kernel {candidate}{mark}", ms=ms, peak_mib=mib)
-        script.KERNEL_SETTINGS[name] = settings
+        script.HEAD_KERNEL_SETTING, script.MLP_TILES = files
+
+
+def launch_setting(script, part, device):
+    """The launch setting the script gives `part`'s kernel on `device`, or None."""
+    if part == "head":
+        return dict(script.HEAD_KERNEL_SETTING)
+    stages = script.mlp_pipeline_stages(device)
+    return None if stages is None else dict(script.MLP_TILES, num_stages=stages)
+
+
+def kernel_with(script, part, setting):
+    """The script's kernel for `part`, launched with `setting`: the script's constants say it."""
+    if part == "head":
+        script.HEAD_KERNEL_SETTING = setting
+        return script.triton_head_loss
+    script.MLP_TILES = {key: value for key, value in setting.items() if key != "num_stages"}
+    return functools.partial(script.triton_relu_square_mlp, num_stages=setting["num_stages"])
 
 
 if __name__ == "__main__":

@@ -273,11 +273,11 @@ def measure(own, script, args):
 
     def run_step(step):
         """One training step, as the script's loop runs it; returns its marks and batch."""
-        blocks = script.window_blocks(step, args.num_iterations)
+        blocks = script.window_schedule(step, args.num_iterations)
         window.fill_(blocks)
         begin = timer.mark()
         inputs, targets = loader.next_batch(args.batch_size)
-        script.train_step(ddp_model, inputs, targets, window, seq_len)
+        script.forward_backward(ddp_model, inputs, targets, window, seq_len)
         backward_done = timer.mark()
         script.optimizer_step(adam, muon, step, args)
         return (begin, backward_done, timer.mark()), (inputs, blocks)
@@ -301,9 +301,7 @@ def measure(own, script, args):
         script=str(Path(own.script).resolve()),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, world_size=world_size, timed_steps=own.steps, first_step=first,
-        # a kernel that gave way to the recipe would show in the times alone: say which ran
-        runs={part: getattr(fn, "__name__", str(fn)) for part, fn in [
-            ("head", model.head_loss), ("mlp", model.blocks[0].mlp.relu_square_mlp)]},
+        runs=script.what_runs(model),  # a kernel that gave way would show in the times alone
         window_blocks=sorted({blocks for _, blocks in batches}),
         tokens_per_step_per_rank=tokens, micro_batches_per_step=micro_batches,
         compile_and_warmup_s=warmup_s,

@@ -6,7 +6,8 @@ torch reports on such a GPU), and
 - takes: what train_gpt.use_kernels gives a model of the reference widths there, "kernel" or
   "recipe" for the head and the MLP, with the GPU's properties stood in for;
 - builds: the launch setting each kernel takes there, each variant a run launches: the shared
-  memory of the build beside the need that train_gpt.shared_memory works out for it, whether the
+  memory of the build beside the need that train_gpt.mlp_shared_memory works out for the MLP's
+  (None for the head's, which holds a few bytes a warp), whether the
   matrix product runs on Hopper's tensor-core instruction (wgmma), the stages of its pipeline of
   copies, the bytes of local memory (spills and stack) that ptxas reports, and the order of its
   global loads (L), stores (S) and barriers between the warps (B) in the PTX, repeats merged:
@@ -92,16 +93,19 @@ def memory_order(ptx):
 
 def takes(model, capability, max_shared):
     """What use_kernels gives `model` on a GPU of `capability`: ({kernel: "kernel" or "recipe"},
-    {kernel: the index of its setting})."""
+    {kernel: its launch setting, where it takes the kernel})."""
     model.head_loss = train_gpt.head_loss
     for block in model.blocks:
         block.mlp.relu_square_mlp = train_gpt.relu_square_mlp
     torch.cuda.get_device_properties = lambda device: StandInGPU(capability // 10, max_shared)
     train_gpt.use_kernels(model, torch.device("cuda", 0))
-    chosen = dict(head=model.head_loss, mlp=model.blocks[0].mlp.relu_square_mlp)
-    return (dict(zip(chosen, runs_as(model))),
-            {kernel: fn.setting for kernel, fn in chosen.items()
-             if isinstance(fn, train_gpt.Kernel)})
+    took = dict(zip(("head", "mlp"), runs_as(model)))
+    settings = dict(head=dict(train_gpt.HEAD_KERNEL_SETTING))
+    if took["mlp"] == "kernel":
+        stages = model.blocks[0].mlp.relu_square_mlp.keywords["num_stages"]
+        settings["mlp"] = dict(train_gpt.MLP_TILES, num_stages=stages)
+    return took, {kernel: setting for kernel, setting in settings.items()
+                  if took[kernel] == "kernel"}
 
 
 def main():
@@ -113,8 +117,7 @@ def main():
         target = GPUTarget("cuda", capability, 32)
         took, settings = takes(model, capability, max_shared)
         builds = []
-        for kernel, index in settings.items():
-            setting = train_gpt.KERNEL_SETTINGS[kernel][index]
+        for kernel, setting in settings.items():
             for variant in LAUNCHES[kernel][2]:
                 compiled = build(kernel, setting, variant, target)
                 ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
@@ -122,7 +125,8 @@ def main():
                 builds.append(dict(
                     kernel=kernel, setting=setting, variant=variant,
                     shared_bytes=compiled.metadata.shared,
-                    need=train_gpt.shared_memory(kernel, setting, capability // 10),
+                    need=(train_gpt.mlp_shared_memory(setting["num_stages"], capability // 10)
+                          if kernel == "mlp" else None),
                     wgmma="wgmma" in ptx, stages=max(map(int, buffers), default=1),
                     local_bytes=local_memory(ptx, capability), memory_order=memory_order(ptx)))
         results[capability] = dict(gpus=gpus, max_shared=max_shared, takes=took, builds=builds)

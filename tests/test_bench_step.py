@@ -75,7 +75,8 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path, monkeypatch):
     results = main(["--steps=2", "--warmup=1", "--at_step=2", "--profile=1", f"--json={out}"]
                    + TINY)
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
-    assert results["runs"] == dict(head="head_loss", mlp="relu_square_mlp")  # a CPU's: the recipe
+    assert results["runs"] == dict(head="head_loss (torch code)",  # a CPU's: the recipe
+                                   mlp="relu_square_mlp (torch code)")
     with gzip.open(tmp_path / "bench_trace.json.gz") as trace:  # the profiled step's CPU ops
         events = json.load(trace)["traceEvents"]
     assert any(e.get("name") == "Optimizer.step#Muon.step" for e in events)
@@ -111,17 +112,24 @@ def test_a_run_on_the_cpu_reports_consistent_numbers(tmp_path, monkeypatch):
 
 
 def test_a_copy_of_the_script_is_measured_as_it_is(tmp_path):
-    """--script: the attempt's model, here with an MLP of 3 x dim hidden units, not the file's."""
+    """--script: the attempt's model, here with an MLP of 3 x dim hidden units whose forward
+    computes GELU itself, not the file's; the results say what ran."""
     source = TRAIN_GPT.read_text()
     for part in ("self.c_fc = CastedLinear(dim, 4 * dim)",
                  "self.c_proj = CastedLinear(4 * dim, dim, zero_init=True)"):
         assert source.count(part) == 1
         source = source.replace(part, part.replace("4 * dim", "3 * dim"))
+    call = "return self.relu_square_mlp(x[0], self.c_fc.weight.type_as(x),"
+    assert source.count(call) == 1
+    source = source.replace(call, "return F.linear(F.gelu(F.linear(x[0], "
+                                  "self.c_fc.weight.type_as(x))),")
     attempt = tmp_path / "attempt.py"
     attempt.write_text(source)
     results = main([f"--script={attempt}", "--steps=1", "--warmup=0",
                     f"--json={tmp_path / 'bench.json'}"] + TINY)
     assert results["script"] == str(attempt)
+    assert results["runs"]["mlp"] == ("MLP.forward's own code (it does not call "
+                                      "self.relu_square_mlp)")
     matrices = 2 * (4 * 64 * 64 + 2 * 64 * 192) + 50304 * 64  # 192 hidden units, not 256
     assert results["matrix_tflop_per_step"] * 1e12 == pytest.approx(6 * matrices * 512)
     assert load_script(attempt).__file__ == str(attempt) and load_script() is train_gpt

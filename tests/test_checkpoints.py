@@ -259,8 +259,8 @@ def test_a_failed_write_stops_every_rank(tmp_path):
         stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()
         assert stopped == (f"cannot write the checkpoint {checkpoint(tmp_path, 2).parent}/"
                            f"state_step000004.pt ([Errno 28] No space left on device); free "
-                           f"space or change --log_dir; the last good checkpoint is "
-                           f"{checkpoint(tmp_path, 2)}")
+                           f"space or change --log_dir; continue with "
+                           f"--resume={checkpoint(tmp_path, 2)}")
 
 
 def test_checkpoint_writes_are_atomic_and_keep_the_newest_two(tmp_path, monkeypatch):
@@ -340,9 +340,9 @@ def fail_at_call(monkeypatch, name, call, make_loss):
 
 
 def test_a_non_finite_training_loss_stops_the_run(tmp_path, monkeypatch):
-    fail_at_call(monkeypatch, "train_step", 5, lambda loss, *_: loss * float("nan"))
+    fail_at_call(monkeypatch, "forward_backward", 5, lambda loss, *_: loss * float("nan"))
     with pytest.raises(UserError, match=r"step 5: the training loss is nan, so the run "
-                       r"stops here; the last good checkpoint is \S+state_step000004\.pt"):
+                       r"stops here; continue with --resume=\S+state_step000004\.pt"):
         main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=2"])
     last = next(tmp_path.glob("*.txt")).read_text().splitlines()[-1]
     assert last.startswith("step 5: the training loss is nan")
@@ -360,9 +360,9 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path, monkeypatch):
         with torch.no_grad():
             model.lm_head.weight[0, 0] = float("nan")
         return loss
-    fail_at_call(monkeypatch, "train_step", 3, poison)
+    fail_at_call(monkeypatch, "forward_backward", 3, poison)
     with pytest.raises(UserError, match=r"step 3: the norm of the weights is nan, so "
-                       r"the run stops here; the last good checkpoint is \S+state_step000002\.pt"):
+                       r"the run stops here; continue with --resume=\S+state_step000002\.pt"):
         main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=1"])
     assert [Path(p).name for p in checkpoints_in(str(next(tmp_path.glob("*/"))))] == [
         "state_step000001.pt", "state_step000002.pt"]
@@ -376,5 +376,101 @@ def test_a_non_finite_loss_on_one_rank_stops_all_ranks(tmp_path):
         stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()
         assert stopped.startswith("step 5: the training loss is nan"), stopped
     last = next(tmp_path.glob("*.txt")).read_text().splitlines()[-1]
-    assert re.fullmatch(r"step 5: the training loss is nan, so the run stops here; the last "
-                        r"good checkpoint is \S+state_step000004\.pt", last)
+    assert re.fullmatch(r"step 5: the training loss is nan, so the run stops here; continue "
+                        r"with --resume=\S+state_step000004\.pt", last)
+
+
+def test_a_steps_loss_is_read_before_its_checkpoint_is_written(tmp_path, monkeypatch):
+    """Each checkpoint follows its step's line: a NaN loss in step 3 stops the run before step
+    3's weights are saved, naming step 2's checkpoint, the newest whose steps all had finite
+    losses. A new run writes no checkpoint at step 0, before it has trained."""
+    fail_at_call(monkeypatch, "forward_backward", 3, lambda loss, *_: loss * float("nan"))
+    with pytest.raises(UserError, match=r"^step 3: the training loss is nan, so the run stops "
+                       r"here; continue with --resume=\S+state_step000002\.pt$"):
+        main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=1"])
+    assert [Path(p).name for p in checkpoints_in(str(next(tmp_path.glob("*/"))))] == [
+        "state_step000001.pt", "state_step000002.pt"]
+    lines = next(tmp_path.glob("*.txt")).read_text().splitlines()
+    order = [line.split(" written")[0] for line in lines
+             if re.match(r"step:\d/6 train_time|checkpoint: step", line)]
+    assert [re.sub(r" train_time.*", "", line) for line in order] == [
+        "step:1/6", "checkpoint: step 1", "step:2/6", "checkpoint: step 2", "step:3/6"]
+
+
+def test_a_stop_without_checkpoints_writes_none_and_says_so(tmp_path):
+    result = run_worker("sigint:3", tmp_path, SIX)
+    assert result.returncode == 1, result.stderr[-3000:]
+    message = ("interrupted at step 4; no checkpoint was written (--checkpoint_every=K writes one "
+               "every K steps)")
+    assert result.stderr.splitlines()[-1] == message
+    assert next(tmp_path.glob("*.txt")).read_text().splitlines()[-1] == message
+    assert not [path for path in tmp_path.iterdir() if path.is_dir()]  # no checkpoint folder
+
+
+def test_a_resumed_run_that_meets_a_nan_names_the_checkpoint_it_resumed_from(straight, tmp_path,
+                                                                             monkeypatch):
+    fail_at_call(monkeypatch, "forward_backward", 1, lambda loss, *_: loss * float("nan"))
+    with pytest.raises(UserError) as stopped:
+        main(SIX + [f"--log_dir={tmp_path}", f"--resume={checkpoint(straight, 3)}"])
+    assert str(stopped.value) == (f"step 4: the training loss is nan, so the run stops here; "
+                                  f"continue with --resume={checkpoint(straight, 3)}")
+
+
+def test_a_resumed_run_goes_on_from_the_checkpoints_train_time(straight, tmp_path):
+    """A checkpoint's train_time_ms set to 10^7: the resumed run's lines count from there."""
+    state = torch.load(checkpoint(straight, 3), weights_only=True)
+    state["train_time_ms"] = 1e7
+    torch.save(state, tmp_path / "later.pt")
+    main(SIX + [f"--log_dir={tmp_path}", f"--resume={tmp_path / 'later.pt'}"])
+    text = next(tmp_path.glob("*.txt")).read_text()
+    lines = re.findall(r"^step:(\d)/6 .*train_time:(\d+)ms step_avg:([\d.]+)ms", text, re.MULTILINE)
+    assert [step for step, _, _ in lines] == ["4", "4", "5", "6", "6"]  # train and val lines
+    for step, ms, avg in lines:
+        assert 1e7 < int(ms) < 1e7 + 60_000, (step, ms)
+        assert float(avg) == pytest.approx(int(ms) / int(step), abs=0.5 / int(step) + 0.005)
+
+
+def test_ctrl_c_in_the_compile_steps_stops_in_one_line_and_frees_the_run_id(tmp_path, monkeypatch):
+    """Asked for in compile step 2 of 3, the stop ends the run after that step, as any stop: in
+    one line, in the log as on standard error. The log holds no step, so a rerun under the same
+    run id starts, and its log replaces the stopped one's."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "attempt1")  # as torchrun --rdzv-id=attempt1
+    result = run_worker("sigint:2", tmp_path, SIX + ["--compile_steps=3"])
+    assert result.returncode == 1, result.stderr[-3000:]
+    message = ("interrupted in the compile steps, before training began; no checkpoint was "
+               "written (--checkpoint_every=K writes one every K steps)")
+    assert result.stderr.splitlines()[-2:] == [STOPPING.strip(), message]
+    lines = (tmp_path / "attempt1.txt").read_text().splitlines()
+    assert lines[-1] == message and not [line for line in lines if line.startswith("step:")]
+    main(SIX + [f"--log_dir={tmp_path}"])
+    text = (tmp_path / "attempt1.txt").read_text()
+    assert text.count("\nhyperparameters: {") == 1 and "\ninterrupted" not in text
+    assert "step:6/6 val_loss:" in text
+    with pytest.raises(UserError, match=r"the run id attempt1 is taken"):  # now it trained
+        main(SIX + [f"--log_dir={tmp_path}"])
+
+
+def test_ctrl_c_while_the_run_is_set_up_ends_it_in_one_line(tmp_path):
+    """Before the loop notes Ctrl-C itself: here while reading a val shard that is a pipe with
+    nothing written to it yet, so that the signal comes while the script waits in a read."""
+    fifo = tmp_path / "val_000000.bin"
+    os.mkfifo(fifo)
+    command = [sys.executable, str(Path(train_gpt.__file__)), *SIX, f"--val_files={fifo}",
+               f"--log_dir={tmp_path}"]
+    # SIGINT as a terminal leaves it, where a shell that started the tests in the background
+    # had it ignored: Python then never raises KeyboardInterrupt
+    with started(command, tmp_path, stderr=subprocess.PIPE, text=True,
+                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as run:
+        deadline = time.monotonic() + 120
+        while True:  # the script has the pipe open for reading once a writer can open it
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and run.poll() is None
+                time.sleep(0.1)
+        time.sleep(0.5)  # and waits in its read
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+        os.close(writer)
+    assert run.returncode == 1 and stderr == "interrupted\n", stderr[-3000:]

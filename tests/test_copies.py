@@ -76,8 +76,7 @@ def refusal(attempt, args):
 
 @pytest.mark.parametrize("edit, kernel, recipe", [
     (GELU, "mlp", "relu_square_mlp"), (LABEL_SMOOTHING, "head", "head_loss"),
-    (Z_LOSS, "head", "head_loss"), (CAP_30, "head", "head_loss")],
-    ids=["gelu", "label-smoothing", "z-loss", "cap-written-in"])
+    (Z_LOSS, "head", "head_loss")], ids=["gelu", "label-smoothing", "z-loss"])
 def test_an_edited_recipe_function_stops_the_gpu_path_in_one_line(edit, kernel, recipe, copies):
     attempt = copies("attempt", edit)
     args = attempt.parse_args(SMALL_ARGS)
@@ -123,6 +122,23 @@ def test_an_edit_of_a_function_or_constant_that_a_recipe_function_names_stops_it
     assert refusal(edited, args).startswith(f"{name}_edited.py: ")
 
 
+@pytest.mark.parametrize("cap", ["30", "30.0", "7.5"])
+def test_a_cap_written_into_head_loss_is_refused_naming_the_softcap_that_makes_it(cap, copies):
+    """The cap written where the recipe reads its argument: the one line names the argument
+    that gives the copy's loss on both paths, and the unedited file takes it to the kernel."""
+    attempt = copies("attempt", (CAP_30[0], CAP_30[1].replace("30", cap)))
+    assert refusal(attempt, attempt.parse_args(SMALL_ARGS)) == (
+        f"attempt.py: head_loss is not the code that the head kernel computes, so a GPU would "
+        f"train other code than a CPU: run it with --kernels=false, or write softcap back where "
+        f"head_loss has {cap}, and run with --softcap={cap}")
+    args = train_gpt.parse_args(SMALL_ARGS + [f"--softcap={cap}"])
+    model, _, _ = train_gpt.build_model(args, torch.device("cpu"), gpu_path=True)
+    assert model.softcap == float(cap)
+    # a number beside the argument is not a cap: its fix is the kernel's
+    half = copies("half", (CAP_30[0], CAP_30[1].replace("30 *", "softcap *")))
+    assert "KERNEL_RECIPES" in refusal(half, half.parse_args(SMALL_ARGS))
+
+
 # Edits a record attempt makes every day, each of which once ended the GPU's path in a
 # traceback (a KeyError, a NameError or a TypeError) where the CPU's trained.
 RENAMED = [("def relu_square_mlp(x, w_fc, w_proj):", "def squared_relu_mlp(x, w_fc, w_proj):"),
@@ -152,8 +168,7 @@ RECURSIVE = [("def relu_square_mlp(",
                "def relu_square_mlp("),
               ("F.linear(F.relu(F.linear(x, w_fc)).square(), w_proj)",
                "F.linear(power(F.relu(F.linear(x, w_fc)), 2), w_proj)")]
-PARTIAL = [("self.head_loss = head_loss  #", "self.head_loss = functools.partial(head_loss)  #"),
-           ("import glob\n", "import functools\nimport glob\n")]
+PARTIAL = [("self.head_loss = head_loss  #", "self.head_loss = functools.partial(head_loss)  #")]
 
 
 def test_a_recipe_with_a_recursive_helper_or_a_partial_stops_in_one_line_too(copies):
@@ -173,12 +188,16 @@ def test_the_log_names_a_function_without_a_name(copies, tmp_path):
     assert "the head's loss runs as functools.partial(<function head_loss at " in text
 
 
+GELU_IN_FORWARD = [("return self.relu_square_mlp(x[0],", "return gelu_mlp(x[0],"),
+                   ("def relu_square_mlp(", "def gelu_mlp(x, w_fc, w_proj):\n    return "
+                    "F.linear(F.gelu(F.linear(x, w_fc)), w_proj)\n\n\ndef relu_square_mlp(")]
+
+
 def test_an_mlp_that_calls_a_new_function_runs_the_edit_on_the_gpu_path(copies):
     """The kernel replaces the function the model holds; a forward that calls another function
-    computes that one, on either path."""
-    attempt = copies("attempt", ("return self.relu_square_mlp(x[0],", "return gelu_mlp(x[0],"),
-                     ("def relu_square_mlp(", "def gelu_mlp(x, w_fc, w_proj):\n    return "
-                      "F.linear(F.gelu(F.linear(x, w_fc)), w_proj)\n\n\ndef relu_square_mlp("))
+    computes that one, on either path, and what_runs (the log's and the benchmarks' words) says
+    so rather than name the kernel."""
+    attempt = copies("attempt", *GELU_IN_FORWARD)
     torch.manual_seed(0)
     model = attempt.GPT(**SMALL)
     torch.nn.init.normal_(model.blocks[0].mlp.c_proj.weight, std=0.05)
@@ -190,6 +209,9 @@ def test_an_mlp_that_calls_a_new_function_runs_the_edit_on_the_gpu_path(copies):
     assert torch.allclose(mlp(x)[0], expected, atol=1e-5)
     assert not torch.allclose(expected, train_gpt.relu_square_mlp(
         x[0], mlp.c_fc.weight, mlp.c_proj.weight), atol=1e-3)
+    assert attempt.what_runs(model)["mlp"] == (
+        "MLP.forward's own code (it does not call self.relu_square_mlp)")
+    assert attempt.what_runs(model)["head"].startswith("the head kernel (Triton")
 
 
 def test_the_unedited_file_and_edits_of_words_alone_take_the_kernels(copies):
@@ -204,8 +226,9 @@ def test_the_unedited_file_and_edits_of_words_alone_take_the_kernels(copies):
         model = module.GPT(**SMALL)
         module.use_kernels(model, torch.device("cpu"))
         kernels = module.triton is not None  # without Triton the recipe's functions stay
-        assert isinstance(model.head_loss, module.Kernel) == kernels
-        assert isinstance(model.blocks[0].mlp.relu_square_mlp, module.Kernel) == kernels
+        runs = module.what_runs(model)
+        assert runs["head"].startswith("the head kernel (Triton") == kernels
+        assert runs["mlp"].startswith("the MLP kernel (Triton") == kernels
     assert reworded.recipe_fingerprint(reworded.relu_square_mlp) == \
         train_gpt.KERNEL_RECIPES["mlp"]
 
@@ -218,7 +241,7 @@ def test_the_soft_cap_reaches_the_kernel_as_it_reaches_the_recipe(softcap):
     x, weight = randn(32, 64, seed=0), randn(5000, 64, scale=0.6, seed=1)
     targets = torch.randint(0, 5000, (32,), generator=torch.Generator().manual_seed(2))
     targets = targets.to(DEVICE)
-    kernel = train_gpt.HeadLoss.apply(x, weight, targets, softcap, 0).item()
+    kernel = train_gpt.HeadLoss.apply(x, weight, targets, softcap).item()
     recipe = softcapped_cross_entropy_in_fp64(x, weight, targets, softcap)[0].item()
     at_15 = softcapped_cross_entropy_in_fp64(x, weight, targets, 15.0)[0].item()
     assert abs(kernel - recipe) < 1e-6 * recipe
@@ -226,7 +249,7 @@ def test_the_soft_cap_reaches_the_kernel_as_it_reaches_the_recipe(softcap):
     args = train_gpt.parse_args([f"--softcap={softcap:g}", *SMALL_ARGS])
     assert args.softcap == softcap
     model, _, _ = train_gpt.build_model(args, torch.device("cpu"), gpu_path=True)
-    assert model.softcap == softcap and isinstance(model.head_loss, train_gpt.Kernel)
+    assert model.softcap == softcap and model.head_loss is train_gpt.triton_head_loss
 
 
 def test_a_cap_past_the_head_kernels_reach_is_refused_and_the_recipe_takes_it(copies):
@@ -291,7 +314,7 @@ def test_at_the_largest_cap_the_rows_scales_stay_normal_and_give_the_gradients()
     logits = torch.full((2, vocab), 6400.0, dtype=torch.bfloat16, device=DEVICE)
     losses = torch.empty(2, dtype=torch.float32, device=DEVICE)
     row_scales, _ = train_gpt.softcapped_cross_entropy_rows(
-        logits, torch.tensor([0, 1], device=DEVICE), losses, 2.0 ** -24, 59.0, True, 0)
+        logits, torch.tensor([0, 1], device=DEVICE), losses, 2.0 ** -24, 59.0, True)
     tiny = torch.finfo(torch.float32).tiny
     assert (tiny <= row_scales).all() and (row_scales / math.e < tiny).all()
     rows = 8
@@ -301,8 +324,8 @@ def test_at_the_largest_cap_the_rows_scales_stay_normal_and_give_the_gradients()
     weight[targets] = 0.0
     weight[targets, :4] = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.bfloat16,
                                           device=DEVICE)
-    loss, grad_x, grad_weight = train_gpt.softcapped_cross_entropy(x, weight, targets, 59.0,
-                                                                   True, 0)
+    loss, grad_x, grad_weight = train_gpt.head_loss_and_gradients(x, weight, targets, 59.0,
+                                                                  True)
     exact = [x.double().requires_grad_(), weight.double().requires_grad_()]
     expected = train_gpt.head_loss(*exact, targets, 59.0)
     expected.backward()
@@ -322,12 +345,12 @@ def test_two_copies_in_one_process_keep_their_own_kernels(copies):
     x, weight = randn(8, 64, seed=3), randn(5000, 64, scale=0.5, seed=4)
     targets = torch.randint(0, 5000, (8,), generator=torch.Generator().manual_seed(5))
     targets = targets.to(DEVICE)
-    before = train_gpt.HeadLoss.apply(x, weight, targets, 15.0, 0).item()
+    before = train_gpt.HeadLoss.apply(x, weight, targets, 15.0).item()
     attempt = copies("attempt", PLUS_ONE)
     assert attempt.OPS != train_gpt.OPS
-    assert train_gpt.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == before
-    assert attempt.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == pytest.approx(before + 1)
-    assert torch.compile(train_gpt.HeadLoss.apply)(x, weight, targets, 15.0, 0).item() == \
+    assert train_gpt.HeadLoss.apply(x, weight, targets, 15.0).item() == before
+    assert attempt.HeadLoss.apply(x, weight, targets, 15.0).item() == pytest.approx(before + 1)
+    assert torch.compile(train_gpt.HeadLoss.apply)(x, weight, targets, 15.0).item() == \
         pytest.approx(before, rel=1e-6)
 
 
@@ -342,10 +365,10 @@ def test_two_copies_of_one_name_in_two_folders_keep_their_own_kernels(tmp_path):
         first = load_copy(tmp_path / "a", "attempt")
         second = load_copy(tmp_path / "b", "attempt", PLUS_ONE)
         assert first.OPS != second.OPS
-        loss = first.HeadLoss.apply(x, weight, targets, 15.0, 0).item()
-        assert second.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == \
+        loss = first.HeadLoss.apply(x, weight, targets, 15.0).item()
+        assert second.HeadLoss.apply(x, weight, targets, 15.0).item() == \
             pytest.approx(loss + 1)
-        assert first.HeadLoss.apply(x, weight, targets, 15.0, 0).item() == loss
+        assert first.HeadLoss.apply(x, weight, targets, 15.0).item() == loss
     finally:
         sys.modules.pop("attempt", None)
 
@@ -358,7 +381,7 @@ def test_a_kernel_that_does_not_compile_stops_with_tritons_own_error(copies):
                                  "acc = tl.dott(a, b.to(OPERAND), acc)"))
     model = attempt.GPT(**SMALL)
     attempt.use_kernels(model, torch.device("cpu"))
-    assert isinstance(model.blocks[0].mlp.relu_square_mlp, attempt.Kernel)
+    assert model.blocks[0].mlp.relu_square_mlp.func is attempt.triton_relu_square_mlp
     with pytest.raises(Exception, match="dott"):
         model.blocks[0].mlp(randn(1, 128, 128, seed=1).float())
 
@@ -403,7 +426,7 @@ def test_a_narrower_mlp_takes_the_kernel_where_its_tiles_divide_and_the_recipe_e
         torch.nn.init.normal_(mlp.c_proj.weight, std=dim ** -0.5)
         attempt.use_kernels(model.to(DEVICE), torch.device(DEVICE))
         assert mlp.c_fc.weight.shape == (3 * dim, dim)
-        assert isinstance(mlp.relu_square_mlp, attempt.Kernel) == kernel, dim
+        assert attempt.what_runs(model)["mlp"].startswith("the MLP kernel") == kernel, dim
         x = randn(1, 128, dim, seed=6)
         args = (x[0], mlp.c_fc.weight.type_as(x), mlp.c_proj.weight.type_as(x))
         expected = attempt.relu_square_mlp(*(t.double() for t in args))

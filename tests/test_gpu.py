@@ -3,6 +3,7 @@
 Each test needs a CUDA GPU and is skipped without one, with that reason. The CPU tests check the
 same code in fp32 through the dense attention path; these check what only a GPU runs.
 """
+import functools
 import math
 import re
 import subprocess
@@ -19,9 +20,9 @@ import train_gpt
 from test_kernels import kernel_on_all_rows, relative_error
 from test_model import perturbed, random_documents
 from test_muon import with_singular_values
-from train_gpt import (GPT, DistributedDataLoader, Kernel, Muon, build_block_mask,
-                       build_model, build_optimizers, dense_attention_mask, evaluate, main,
-                       optimizer_step, train_step, use_kernels, zeropower_via_newtonschulz5)
+from train_gpt import (GPT, DistributedDataLoader, Muon, build_block_mask, build_model,
+                       build_optimizers, dense_attention_mask, evaluate, forward_backward, main,
+                       optimizer_step, use_kernels, zeropower_via_newtonschulz5)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU; the CPU tests cover the fp32 path")
@@ -64,8 +65,8 @@ def test_compiled_bf16_model_matches_fp32_eager():
     model = GPT(vocab_size=50257, num_layers=4, num_heads=2, model_dim=256, max_seq_len=4096,
                 embed_dtype=torch.bfloat16).cuda()
     use_kernels(model, torch.device("cuda"))
-    assert isinstance(model.head_loss, Kernel)
-    assert isinstance(model.blocks[0].mlp.relu_square_mlp, Kernel)
+    runs = train_gpt.what_runs(model)
+    assert runs["head"].startswith("the head kernel") and runs["mlp"].startswith("the MLP kern")
     model.load_state_dict(reference.state_dict())
     rng = np.random.default_rng(1)
     tokens = torch.tensor(np.where(rng.random(4097) < 0.0005, 50256,
@@ -91,27 +92,27 @@ def test_no_recompile_after_the_first_validation():
     window = torch.tensor(1, dtype=torch.int32, device=device)
 
     def train_and_validate(step):
-        window.fill_(train_gpt.window_blocks(step, args.num_iterations))
+        window.fill_(train_gpt.window_schedule(step, args.num_iterations))
         inputs, targets = train_loader.next_batch(args.batch_size)
-        train_step(ddp_model, inputs, targets, window, args.micro_batch_size)
+        forward_backward(ddp_model, inputs, targets, window, args.micro_batch_size)
         optimizer_step(adam, muon, step, args)
-        return evaluate(compiled, val_loader, args, window, 1).item()
+        return evaluate(compiled, val_loader, window, args, 1)
 
-    evaluate(compiled, val_loader, args, window, 1)  # the first validation, at step 0
+    evaluate(compiled, val_loader, window, args, 1)  # the first validation, at step 0
     train_and_validate(0)
     with torch.compiler.set_stance("fail_on_recompile"):
         losses = [train_and_validate(step) for step in (1, 3, 5, 7)]  # windows 2, 6, 9 and 12
         window.fill_(14)
-        losses.append(evaluate(compiled, val_loader, args, window, 1).item())
+        losses.append(evaluate(compiled, val_loader, window, args, 1))
     assert losses[3] < losses[0]  # and the steps trained
 
 
 def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
     """From the third step on, any host-device synchronisation raises, until validation. Each
     step's line is read once the next step is queued. The log says that both kernels ran."""
-    original_step, calls, events = train_gpt.train_step, [], []
+    original_step, calls, events = train_gpt.forward_backward, [], []
 
-    def train_step_watched(*args):
+    def forward_backward_watched(*args):
         calls.append(None)
         if len(calls) == 3:
             torch.cuda.set_sync_debug_mode("error")
@@ -122,20 +123,20 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
             return super().paused()
 
-    start_readout, finish_readout = train_gpt.start_readout, train_gpt.finish_readout
+    send, receive = train_gpt.send_loss_and_stop, train_gpt.receive_loss_and_stop
 
-    def started(step, *args):
+    def sent(step, *args):
         events.append(("queued", step))
-        return start_readout(step, *args)
+        return send(step, *args)
 
-    def finished(readout, clock):
-        events.append(("read", readout[0]))
-        return finish_readout(readout, clock)
+    def received(in_flight, clock):
+        events.append(("read", in_flight[0]))
+        return receive(in_flight, clock)
 
-    monkeypatch.setattr(train_gpt, "train_step", train_step_watched)
+    monkeypatch.setattr(train_gpt, "forward_backward", forward_backward_watched)
     monkeypatch.setattr(train_gpt, "TrainClock", Clock)
-    monkeypatch.setattr(train_gpt, "start_readout", started)
-    monkeypatch.setattr(train_gpt, "finish_readout", finished)
+    monkeypatch.setattr(train_gpt, "send_loss_and_stop", sent)
+    monkeypatch.setattr(train_gpt, "receive_loss_and_stop", received)
     try:
         main(SMALL + ["--num_iterations=10", "--val_every=0", "--compile_steps=0",
                       f"--log_dir={tmp_path}"])
@@ -147,7 +148,7 @@ def test_steady_steps_never_wait_for_the_gpu(tmp_path, monkeypatch):
                                         (("queued", step), ("read", step - 1))] + [("read", 10)]
     text = next(tmp_path.glob("*.txt")).read_text()
     assert "the head's loss runs as the head kernel (Triton, " in text
-    assert "the MLPs as the mlp kernel (Triton, " in text
+    assert "the MLPs as the MLP kernel (Triton, " in text
 
 
 def peak_memory_mib(tmp_path, compile_steps):
@@ -268,7 +269,7 @@ def errors_against_fp32(fns, inputs, grad_out, expected):
 
 
 @pytest.mark.parametrize("scale", [0.5, 0.07], ids=["into-the-cap", "trained-scale"])
-def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
+def test_the_head_kernel_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
         scale, monkeypatch):
     """A 65,536-token micro-batch against the 50,304-column head: logits reaching well into the
     cap (their spread about 14), or spread over a couple of units as a trained head's are, where
@@ -290,7 +291,7 @@ def test_fused_head_loss_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_g
         loss += part.detach()
         grads[0][rows] += leaves[0].grad
         grads[1] += leaves[1].grad
-    fns = {"fused": lambda *xw: train_gpt.HeadLoss.apply(*xw, targets, SOFTCAP, 0),
+    fns = {"fused": lambda *xw: train_gpt.HeadLoss.apply(*xw, targets, SOFTCAP),
            "compiled": torch.compile(lambda *xw: train_gpt.head_loss(*xw, targets, SOFTCAP))}
     errors = errors_against_fp32(fns, [x, weight], None, (loss, grads))
     print(errors)
@@ -320,39 +321,37 @@ def test_a_zero_head_at_the_real_shape_gives_log_vocab_and_a_uniform_gradient():
     assert abs(row_scales[0].item() * vocab * rows - 1) <= 1e-6
 
 
-def test_an_h100_launches_each_kernel_with_the_first_of_its_settings():
+def test_an_h100_takes_the_mlp_kernels_deepest_pipeline():
     """The shared memory per block that torch reports, which use_kernels reads, is the figure
-    tests/kernels_for_gpus.py checks the settings' needs against."""
+    tests/kernels_for_gpus.py checks the pipelines' needs against."""
     gpu = torch.cuda.get_device_properties(torch.device("cuda", 0))
     if (gpu.major, gpu.minor) != (9, 0):
-        pytest.skip(f"the settings' order is the H100's; this GPU is sm_{gpu.major}{gpu.minor}")
+        pytest.skip(f"the pipelines' order is the H100's; this GPU is sm_{gpu.major}{gpu.minor}")
     assert gpu.shared_memory_per_block_optin == 232_448  # 227 KiB
-    for kernel in train_gpt.KERNEL_SETTINGS:
-        assert train_gpt.first_fitting_setting(kernel, torch.device("cuda", 0)) == 0, kernel
+    assert train_gpt.mlp_pipeline_stages(torch.device("cuda", 0)) == train_gpt.MLP_STAGES[0]
 
 
-@pytest.mark.parametrize("setting", range(len(train_gpt.KERNEL_SETTINGS["mlp"])))
-def test_fused_relu_square_mlp_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
-        setting, monkeypatch):
-    """With each of the kernel's settings forced, where it fits this GPU: an H100 runs the
-    99 KB GPUs' setting too."""
-    settings = train_gpt.KERNEL_SETTINGS["mlp"]
-    monkeypatch.setitem(train_gpt.KERNEL_SETTINGS, "mlp", [settings[setting]])
-    if train_gpt.first_fitting_setting("mlp", torch.device("cuda", 0)) is None:
-        pytest.skip(f"the MLP kernel's setting {setting} does not fit this GPU's shared memory")
+@pytest.mark.parametrize("num_stages", train_gpt.MLP_STAGES)
+def test_the_mlp_kernel_at_the_real_shape_is_as_close_to_fp32_as_the_compiled_graph(
+        num_stages, monkeypatch):
+    """With each of the kernel's pipelines, where it fits this GPU: an H100 runs the 99 KB
+    GPUs' too."""
+    gpu = torch.cuda.get_device_properties(torch.device("cuda", 0))
+    if train_gpt.mlp_shared_memory(num_stages, gpu.major) > gpu.shared_memory_per_block_optin:
+        pytest.skip(f"the MLP kernel's {num_stages} stages do not fit this GPU's shared memory")
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = F.rms_norm(torch.randn(65536, 768, device="cuda", generator=generator), (768,))
     w_fc = torch.randn(3072, 768, device="cuda", generator=generator) * 768 ** -0.5
     w_proj = torch.randn(768, 3072, device="cuda", generator=generator) * 3072 ** -0.5
     grad_out = (torch.randn(65536, 768, device="cuda", generator=generator) / 65536).bfloat16()
     inputs = [t.bfloat16() for t in (x, w_fc, w_proj)]
-    assert train_gpt.mlp_fits_tiles(65536, 768, 3072, 0)
+    assert train_gpt.mlp_fits_tiles(65536, 768, 3072)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32
     leaves = [t.float().requires_grad_() for t in inputs]
     value = train_gpt.relu_square_mlp(*leaves)
     value.backward(grad_out.float())
     expected = (value.detach(), [t.grad for t in leaves])
-    fns = {"fused": Kernel(train_gpt.ReluSquareMLP.apply, "mlp", 0),
+    fns = {"fused": functools.partial(train_gpt.triton_relu_square_mlp, num_stages=num_stages),
            "compiled": torch.compile(train_gpt.relu_square_mlp)}
     errors = errors_against_fp32(fns, inputs, grad_out, expected)
     print(errors)

@@ -9,7 +9,7 @@ import torch
 
 from muon_worker import SHAPES
 from train_gpt import (GPT, Hyperparameters, Muon, build_optimizers, lr_multiplier,
-                       muon_momentum, optimizer_step, window_blocks, zeropower_via_newtonschulz5)
+                       muon_momentum, optimizer_step, window_schedule, zeropower_via_newtonschulz5)
 
 
 def with_singular_values(rows, cols, seed):
@@ -201,6 +201,6 @@ def test_schedules_at_start_sixty_percent_and_end():
     assert muon_momentum(0) == 0.85 and muon_momentum(150) == pytest.approx(0.90)
     assert muon_momentum(300) == pytest.approx(0.95) and muon_momentum(n) == pytest.approx(0.95)
     # 60%: (0.4 * 128 + 0.6 * 1856) // 128 = 1164.8 // 128 = 9
-    assert window_blocks(0, n) == 1 and window_blocks(834, n) == 9 and window_blocks(n, n) == 14
-    assert [window_blocks(s, n) for s in range(n + 1)] == sorted(window_blocks(s, n)
+    assert (window_schedule(0, n), window_schedule(834, n), window_schedule(n, n)) == (1, 9, 14)
+    assert [window_schedule(s, n) for s in range(n + 1)] == sorted(window_schedule(s, n)
                                                                   for s in range(n + 1))

@@ -64,7 +64,7 @@ def test_a_step_worked_by_hand():
         (kernel("triton_tem_fused_flex_attention_backward_1", 1000),
          op("triton_tem_fused_flex_attention_backward_1")),
         (kernel("softcapped_cross_entropy_kernel", 4500),
-         op("speedrun_0123::softcapped_cross_entropy")),
+         op("speedrun_0123::head_loss_and_gradients")),
         (kernel("triton_per_fused_rms_norm_2", 300), op("triton_per_fused_rms_norm_2",
                                                           kernel_num_gb=0.6)),
         (kernel("triton_per_fused_rms_norm_2", 300), op("triton_per_fused_rms_norm_2",

@@ -211,7 +211,7 @@ SWEEP = [
     ("--resume={tmp}/damaged.pt", UserError,
      r"damaged.pt is not a readable checkpoint: its part whole/data.pkl is damaged"),
     ("--resume={tmp}/tensor.pt", UserError, r"tensor.pt is not a checkpoint of this script"),
-    ("--resume={tmp}/date.pt", UserError, r"date.pt is not a readable checkpoint \(Unpickling"),
+    ("--resume={tmp}/date.pt", UserError, r"date.pt is not a readable checkpoint: it holds obj"),
     ("--kernels=maybe", UserError, r"--kernels: expected true or false, got 'maybe'"),
 ]
 
@@ -292,6 +292,25 @@ def test_a_sequence_the_cpus_memory_cannot_hold_is_refused_before_the_log(tmp_pa
     assert not list(tmp_path.glob("*.txt"))
 
 
+def test_the_cpus_memory_floor_counts_each_layer_and_the_head_as_it_says(monkeypatch):
+    """A token counts 3.5 fp32 copies of its logits and 14 fp32 values per layer and unit of
+    width: with 128 columns, 12 layers of 768, that is 4 x (448 + 129,024) = 517,888 bytes, so a
+    machine of 1,000 tokens' bytes (and 5 more) holds 1,000 tokens, not 1,001."""
+    per_token = 4 * (3.5 * 128 + 14 * 12 * 768)
+    assert per_token == 517_888
+    real_sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: (
+        1 if name == "SC_PAGE_SIZE" else 1000 * 517_888 + 5 if name == "SC_PHYS_PAGES" else
+        real_sysconf(name)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    model = train_gpt.GPT(128, num_layers=12, num_heads=6, model_dim=768, max_seq_len=128)
+    train_gpt.check_host_memory(model, 1000)
+    with pytest.raises(UserError, match=r"a sequence of 1001 tokens needs at least 0\.5 GiB, and "
+                       r"this machine has 0\.5 GiB for each of its 1 process\(es\), enough for "
+                       r"at most 1000 tokens"):
+        train_gpt.check_host_memory(model, 1001)
+
+
 def test_the_cpus_memory_check_takes_what_a_step_takes(monkeypatch):
     """The check refuses only what cannot fit, and not only the absurd: the resident memory
     that 896 more tokens in a step take, measured without run.sh's allocator setting (which
@@ -304,7 +323,8 @@ def test_the_cpus_memory_check_takes_what_a_step_takes(monkeypatch):
             f"model, _, _ = train_gpt.build_model(args, torch.device('cpu'))\n"
             f"tokens = torch.randint(0, 50257, (1025,), generator=torch.Generator().manual_seed(0))"
             f"\ndef peak_after(n):\n"
-            f"    train_gpt.train_step(model, tokens[:n], tokens[1:n + 1], torch.tensor(1), n)\n"
+            f"    train_gpt.forward_backward(model, tokens[:n], tokens[1:n + 1], torch.tensor(1),"
+            f" n)\n"
             f"    return train_gpt.peak_memory_mib(torch.device('cpu')) * 2**20\n"
             f"print(-peak_after(128) + peak_after(1024))")
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
@@ -539,7 +559,7 @@ def test_the_compile_steps_are_timed_at_their_end(terminal, monkeypatch, capsys)
     def step_once(step):
         time.sleep(0.2)
         return torch.tensor(float(step))
-    train_gpt.run_compile_steps(step_once, 3, logged.append, show=True)
+    assert not train_gpt.run_compile_steps(step_once, 3, [], logged.append, show_progress=True)
     out = sys.stdout.getvalue()
     seconds = [float(t) for t in re.findall(r"compile step \d/3: (\d+\.\d)s", out)]
     if terminal:
@@ -557,8 +577,8 @@ def test_the_compile_steps_show_nothing_on_other_ranks_and_when_there_are_none(m
                                                                                capsys):
     monkeypatch.setattr(sys, "stdout", Terminal())
     logged = []
-    train_gpt.run_compile_steps(lambda step: torch.tensor(0.0), 2, logged.append, show=False)
-    train_gpt.run_compile_steps(lambda step: torch.tensor(0.0), 0, logged.append, show=True)
+    train_gpt.run_compile_steps(lambda step: torch.tensor(0.0), 2, [], logged.append, False)
+    train_gpt.run_compile_steps(lambda step: torch.tensor(0.0), 0, [], logged.append, True)
     assert sys.stdout.getvalue() == "" and capsys.readouterr() == ("", "")
     # the total still goes to `log`, which is a no-op on the other ranks
     assert logged == ["compile steps: 2 in 0.0s, untimed, then undone"]
@@ -567,14 +587,14 @@ def test_the_compile_steps_show_nothing_on_other_ranks_and_when_there_are_none(m
 def test_step_lines_are_read_one_step_late(tmp_path, monkeypatch):
     """A step's loss is read once the next step is queued, so the CPU never waits for the GPU;
     validation waits anyway and reads it at once."""
-    original, last_line_before_step = train_gpt.train_step, []
+    original, last_line_before_step = train_gpt.forward_backward, []
 
-    def train_step(*args):
+    def forward_backward(*args):
         lines = re.findall(r"^step:(\d)/8 train_time", "".join(
             path.read_text() for path in tmp_path.glob("*.txt")), re.MULTILINE)
         last_line_before_step.append(int(lines[-1]) if lines else None)
         return original(*args)
-    monkeypatch.setattr(train_gpt, "train_step", train_step)
+    monkeypatch.setattr(train_gpt, "forward_backward", forward_backward)
     main(TINY + [f"--log_dir={tmp_path}", "--num_iterations=8", "--val_every=4"])
     # before step k runs, the lines of steps up to k - 2 are out; validation at 4 flushes line 4
     assert last_line_before_step == [None, None, 1, 2, 4, 4, 5, 6]

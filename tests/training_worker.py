@@ -4,7 +4,7 @@
     training_worker.py gpu_path OUT [...]  the same on the GPU's path: compiled, with the kernels
                                          (in Triton's interpreter on a CPU); saves the val losses
                                          and how many times each kernel was launched
-    training_worker.py grads OUT [--name=value ...]   one train_step, saves the gradients
+    training_worker.py grads OUT [--name=value ...]   one forward and backward, saves the gradients
     training_worker.py crash OUT [...]   train, but the last rank dies in step 5 of the first
                                          attempt (torchrun --max-restarts then starts it again)
     training_worker.py nan OUT [...]     train, but the last rank's loss of step 5 is NaN
@@ -50,7 +50,7 @@ def gradients(argv):
     loader = train_gpt.DistributedDataLoader(args.train_files, rank, world_size)
     inputs, targets = loader.next_batch(args.batch_size)
     seq_len = train_gpt.sequence_length(args, world_size)
-    train_gpt.train_step(ddp_model, inputs, targets, torch.tensor(2), seq_len)
+    train_gpt.forward_backward(ddp_model, inputs, targets, torch.tensor(2), seq_len)
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
@@ -70,7 +70,7 @@ def on_the_gpu_path():
     build_model = train_gpt.build_model
     train_gpt.build_model = lambda args, device: build_model(args, device, gpu_path=True)
     # the head's row in one block, not 25: the interpreter then takes 5 s for 256 rows, not 52
-    train_gpt.KERNEL_SETTINGS["head"][0].update(BLOCK=65536)
+    train_gpt.HEAD_KERNEL_SETTING.update(BLOCK=65536)
     kernels = {}
     for name in ("softcapped_cross_entropy_kernel", "relu_square_matmul_kernel"):
         kernels[name] = Counted(getattr(train_gpt, name))
@@ -79,12 +79,12 @@ def on_the_gpu_path():
 
 
 def break_step(mode, call):
-    """Wrap train_step so that on the last rank its `call`-th call dies, returns NaN, gets a
+    """Wrap forward_backward so that on the last rank its `call`-th call dies, returns NaN, gets a
     signal (rank 0 for torchrun_sigterm) or never returns."""
-    original, calls = train_gpt.train_step, []
+    original, calls = train_gpt.forward_backward, []
     last_rank = int(os.environ.get("RANK", 0)) == int(os.environ.get("WORLD_SIZE", 1)) - 1
 
-    def train_step(*args):
+    def forward_backward(*args):
         calls.append(None)
         if len(calls) == call and mode == "hang" and last_rank:
             print("blocked", file=sys.stderr, flush=True)
@@ -100,7 +100,7 @@ def break_step(mode, call):
             if mode == "crash" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
                 os._exit(1)  # no clean-up at all, as in a crash
         return loss
-    train_gpt.train_step = train_step
+    train_gpt.forward_backward = forward_backward
 
 
 def sigterm_through_torchrun():
