@@ -632,7 +632,8 @@ def train(args, rank, world_size, device):
         initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True),
                                 training_state(*stateful))
         if run_compile_steps(train_one_step, args.compile_steps, signals, log, rank == 0):
-            stop_run("interrupted in the compile steps, before training began",
+            stop_run("interrupted in the compile steps, before training began (its run id stays "
+                     "free)",
                      resume[0] if resume else None, log, error=SystemExit)
         restore_training_state(initial, *stateful)
         del initial
@@ -772,7 +773,8 @@ def report_loss(log, kind, step, loss, ms, args, newest):
     check_finite(f"{kind} loss", step, loss, log, newest)
 
 # ----------------------------------------------------------------------------- around the loop
-# Processes and devices, the checks, the log and its lines, the clock, the untimed compile steps.
+# Processes and devices, the checks, the log's header, the untimed compile steps, the clock, and
+# the losses' way to the host.
 
 def setup_device():
     """(rank, world size, device): torchrun's process group, or one process without torchrun."""
@@ -845,7 +847,7 @@ def check_host_memory(model, seq_len):
     """On a CPU, refuse sequences whose forward and backward cannot fit in the machine's memory,
     shared by the processes torchrun starts on it, rather than be killed for them part-way. The
     floor counts, for each token, 3.5 fp32 copies of its logits and 14 fp32 values per layer and
-    unit of width: less than any model takes."""
+    unit of width, less than every model measured took (records/2026-11-28_cpu_memory/)."""
     if model.lm_head.weight.is_cuda:  # where CUDA's own out-of-memory error gives the sizes
         return
     columns, width = model.lm_head.weight.shape
@@ -878,8 +880,7 @@ def make_logger(log_dir, run_id, rank):
     if rank != 0:
         return lambda line, console=True: None
     path = os.path.join(log_dir, f"{run_id}.txt")
-    # workers that torchrun restarted go on with their run's log; a new run replaces the log of
-    # one that stopped before it trained, which is all a new run may find (see resume_path)
+    # a restarted worker goes on with its run's log; a new run replaces one that never trained
     log_file = open(path, "a" if restarted_by_torchrun() else "w")
     print(f"logging to {path}")
 
@@ -909,7 +910,7 @@ def log_run_header(log, args, world_size, train_files, val_files, model):
         f"{seq_len} tokens per rank per step" + ("" if seq_len == args.micro_batch_size else
         " (shorter than --micro_batch_size: a different run from the reference)"))
     runs = what_runs(model)
-    log(f"the head's loss runs as {runs['head']}; the MLPs as {runs['mlp']}")
+    log(f"the head's loss runs as {runs['head']}, the MLPs as {runs['mlp']}")
 
 def peak_memory_mib(device):
     """This process's peak memory on `device`: CUDA's allocations, or on a CPU the resident set.
@@ -929,10 +930,12 @@ def run_compile_steps(train_one_step, steps, signals, log, show_progress):
     bar on a terminal or a line in a file: with a cold compile cache they take minutes, which a
     silent script cannot tell apart from a hang. Return whether a rank asked to stop (in
     `signals`): then the steps end there, on every rank."""
+    if not steps:
+        return False
     started = time.perf_counter()
     terminal = show_progress and sys.stdout.isatty()
     bar = tqdm(total=steps, desc="compile steps (untimed)", unit="step", file=sys.stdout,
-               disable=not terminal or not steps)
+               disable=not terminal)
     for step in range(steps):
         loss = train_one_step(step)
         # waits for the step, so that the time shown is its end
@@ -945,9 +948,7 @@ def run_compile_steps(train_one_step, steps, signals, log, show_progress):
             bar.close()
             return True
     bar.close()
-    if steps:
-        log(f"compile steps: {steps} in {time.perf_counter() - started:.1f}s, untimed, then "
-            f"undone")
+    log(f"compile steps: {steps} in {time.perf_counter() - started:.1f}s, untimed, then undone")
     return False
 
 class TrainClock:
@@ -1220,7 +1221,8 @@ def load_checkpoint(path, args, world_size):
 # Two functions of the recipe, `head_loss` and `relu_square_mlp`, have Triton kernels that
 # compute them, which a GPU runs in their place; the tests run them on a CPU too, through
 # Triton's interpreter (TRITON_INTERPRET=1). Each kernel is a custom op, which torch.compile
-# calls without breaking its graph, inside an autograd.Function.
+# calls without breaking its graph, inside an autograd.Function rather than with a backward
+# registered on the op: the compile cache keys that backward by the op's name alone.
 
 try:  # Triton comes with PyTorch's CUDA builds
     import triton
@@ -1240,18 +1242,15 @@ OPS = "speedrun_" + hashlib.sha256(f"{globals().get('__file__') or uuid.uuid4()}
 
 def use_kernels(model, device):
     """Run the model's head loss and MLPs through the kernels that compute them: the head's
-    kernel everywhere; the MLP's where one of its pipelines fits `device`'s shared memory, its
-    products split into whole tiles, and (on a GPU) the stream is bf16. Elsewhere the recipe's
-    functions stay. Refused in one line, before anything trains, where a kernel would compute
-    something else."""
+    everywhere, the MLP's where a pipeline fits `device`'s shared memory, its products split into
+    whole tiles and (on a GPU) the stream is bf16; refused in one line, before anything trains,
+    where a kernel would compute something else."""
     if triton is None:  # PyTorch's CPU-only builds, or code run by exec()
         return
     mlps = [block.mlp for block in model.blocks]
     check_recipe("head", {model.head_loss})
     check_recipe("mlp", {mlp.relu_square_mlp for mlp in mlps})
-    # The head kernel sums exp(capped logit) over a row without a running maximum, and scales
-    # the row by 1 / (rows x that sum), which must stay a normal fp32 number: for micro-batches
-    # of up to 2^24 rows, more than a GPU's memory holds.
+    # for micro-batches of up to 2^24 rows, more than a GPU's memory holds
     columns = model.lm_head.weight.size(0)
     largest = math.floor(math.log(2 ** -24 / torch.finfo(torch.float32).tiny / columns))
     if model.softcap > largest:
@@ -1389,6 +1388,7 @@ def head_loss_and_gradients(x: torch.Tensor, weight: torch.Tensor, targets: torc
     for start in range(0, rows, HEAD_CHUNK_ROWS):
         chunk = slice(start, start + HEAD_CHUNK_ROWS)
         logits = torch.mm(x[chunk], weight.T, out=chunk_logits[:len(x[chunk])])
+        # in place: the logits become the unscaled shares of their gradient, 0 at the targets
         row_scales, target_shares = softcapped_cross_entropy_rows(
             logits, targets[chunk], losses[chunk], 1 / rows, softcap, with_gradients)
         if with_gradients:
@@ -1421,8 +1421,9 @@ def add_product_in_fp32(total, a, b):
         total.addmm_(a.to(total.dtype), b.to(total.dtype))
 
 def softcapped_cross_entropy_rows(logits, targets, losses, scale, softcap, with_gradients):
-    """Launch the head kernel on each row of `logits`; return the rows' scales and the targets'
-    shares, in fp32."""
+    """Launch the head kernel on each row of `logits`: each row's loss into `losses` and, with
+    `with_gradients`, the unscaled shares of its gradient over the row, 0 at the target; return
+    the rows' scales and the targets' shares, in fp32."""
     row_scales, target_shares = torch.empty(2, len(logits), dtype=torch.float32,
                                             device=logits.device)
     softcapped_cross_entropy_kernel[(len(logits),)](logits, targets.contiguous(), losses,
@@ -1504,11 +1505,10 @@ def mlp_pipeline_stages(device):
                 None)
 
 def mlp_shared_memory(num_stages, major):
-    """The bytes of shared memory per block that Triton's build of the MLP kernel takes with a
-    pipeline of `num_stages` on a GPU of compute capability `major`.x, with 1 KiB to spare
-    (sm_100's pipeline barriers take 16 of them): bf16 tiles of both operands, num_stages of
-    them on sm_90 and sm_100, whose copies run asynchronously to the tensor cores, one fewer
-    elsewhere. tests/kernels_for_gpus.py checks it against each GPU target's build."""
+    """The bytes of shared memory per block that Triton's build of the MLP kernel takes with
+    `num_stages` on a GPU of compute capability `major`.x, with 1 KiB to spare (sm_100's barriers
+    take 16): bf16 tiles of both operands, `num_stages` of them where copies run asynchronously
+    to the tensor cores (sm_90, sm_100), one fewer elsewhere (tests/kernels_for_gpus.py)."""
     buffers = num_stages - (major not in (9, 10))
     return buffers * (MLP_TILES["BLOCK_M"] + MLP_TILES["BLOCK_N"]) * MLP_TILES["BLOCK_K"] * 2 + 1024
 

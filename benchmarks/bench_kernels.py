@@ -108,7 +108,7 @@ def main():
                                               indent=1))
 
     print(f"{'part':<6}{'ms':>9}{'peak MiB':>10}  version")
-    files = script.HEAD_KERNEL_SETTING, script.MLP_TILES
+    scripts_own = script.HEAD_KERNEL_SETTING, script.MLP_TILES
     for name, reference, inputs, extra, sweep in cases:
         if args.part not in (None, name):
             continue
@@ -124,7 +124,7 @@ def main():
                 continue
             mark = " (the file's)" if candidate == chosen else ""
             record(part=name, version=f"kernel {candidate}{mark}", ms=ms, peak_mib=mib)
-        script.HEAD_KERNEL_SETTING, script.MLP_TILES = files
+        script.HEAD_KERNEL_SETTING, script.MLP_TILES = scripts_own
 
 
 def launch_setting(script, part, device):

@@ -4,7 +4,8 @@ On a machine with a GPU the script would pick CUDA; every test outside test_gpu.
 test_kernels.py and test_copies.py checks the CPU path, so it sees no GPU, in this process and
 in the processes it starts. Without a GPU, the Triton kernels run in Triton's interpreter, on
 the CPU: it must be chosen before they are defined, so before anything imports train_gpt. The
-processes the tests start keep their freed memory, as run.sh has the CPU smoke run do.
+tests keep their freed memory, as run.sh has the CPU smoke run do: this process and those it
+starts.
 """
 import ctypes
 import os
@@ -21,8 +22,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters, from glibc'
 
 
 def keep_freed_memory():
-    """run.sh's allocator setting for this process, where glibc is the C library: blocks of up
-    to 2 GiB come from the heap rather than their own mappings, and the heap is not given back."""
+    """run.sh's allocator setting for this process, as far as mallopt goes, where glibc is the C
+    library: blocks of up to 2 GiB come from the heap rather than their own mappings, and the
+    heap is not given back."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc (macOS): nothing to set

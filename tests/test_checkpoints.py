@@ -437,8 +437,8 @@ def test_ctrl_c_in_the_compile_steps_stops_in_one_line_and_frees_the_run_id(tmp_
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "attempt1")  # as torchrun --rdzv-id=attempt1
     result = run_worker("sigint:2", tmp_path, SIX + ["--compile_steps=3"])
     assert result.returncode == 1, result.stderr[-3000:]
-    message = ("interrupted in the compile steps, before training began; no checkpoint was "
-               "written (--checkpoint_every=K writes one every K steps)")
+    message = ("interrupted in the compile steps, before training began (its run id stays free); "
+               "no checkpoint was written (--checkpoint_every=K writes one every K steps)")
     assert result.stderr.splitlines()[-2:] == [STOPPING.strip(), message]
     lines = (tmp_path / "attempt1.txt").read_text().splitlines()
     assert lines[-1] == message and not [line for line in lines if line.startswith("step:")]
