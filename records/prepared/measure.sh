@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
 # The next GPU run: one command of at most 600 s on a fresh machine with one GPU. From the
-# repository root, first (no GPU needed):
+# repository root, right before it (no GPU needed; a commit after it stops the run):
 #
 #     bash records/prepared/measure.sh trees    # trees/NAME: main's files with patches applied
 #
 # then, on the GPU machine, in the work tree with the ignored records/prepared/trees copied
 # into it, with a 600 s limit:
 #
-#     bash records/prepared/measure.sh run3
+#     bash records/prepared/measure.sh a
 #
-# run3: main's GPU tests that have not run on it (the compiled model), then the persistent MLP
-# kernel (persist: mlp_persistent.patch): its tests, its bits against main's kernel, one
-# micro-batch a step against main, and the MLP alone; main's resume test last. Each step's whole
-# output goes to its own file, and all of them into $OUT/outputs.tar.gz (/tmp/measure_out
-# without OUT) after each step, so a run cut short still keeps the steps before; the steps stop
-# themselves by 570 s, the ones that matter most first. Printed: the card, then one line per
-# step with its exit code, and for each benchmark which code ran the head and the MLPs, its
-# forward+backward and its peak.
+# a: main's GPU tests (its kernels section was rearranged on the CPU's evidence), the MLP
+# kernel that keeps only relu(pre)^2 (keep_h: mlp_keep_h.patch): its tests and its bits against
+# main's kernel; then one micro-batch a step (bench_step.py): main from a cold cache, keep_h,
+# main again, the head 12,288 rows at a time, both together, the head 16,384 rows at a time;
+# last one MLP alone (bench_kernels.py). Each step's whole output goes to its own file, and all
+# of them into $OUT/outputs.tar.gz (/tmp/measure_out without OUT) after each step; a step starts
+# only with the time it needs left of BUDGET (570 s), the ones that matter most first. Printed:
+# the card, then one line per step with its exit code, and for each benchmark which code ran
+# the head and the MLPs (loudly where it is the torch code), its forward+backward and its peak.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 FILES="train_gpt.py README.md pytest.ini tests benchmarks data/shakespeare data/synthetic_fineweb.py"
 # each tree: the patches it takes, in order
-declare -A TREES=([persist]="mlp_persistent.patch")
+declare -A TREES=([keep_h]="mlp_keep_h.patch" [chunk12288]="head_chunk_12288.patch"
+                  [chunk16384]="head_chunk_16384.patch"
+                  [both]="mlp_keep_h.patch head_chunk_12288.patch")
 
 case "${1:-}" in
 trees)
@@ -41,10 +44,10 @@ trees)
     sha256sum $(git ls-files $FILES) > "$here/trees/main.sha256"
     echo "made ${!TREES[*]} in $here/trees ($(du -sh "$here/trees" | cut -f1))"
     ;;
-run3)
+a)
     out=${OUT:-/tmp/measure_out} && mkdir -p "$out"
     work=/tmp/measure_work && rm -rf "$work" && mkdir -p "$work"  # archived into $out
-    started=$SECONDS
+    started=$SECONDS budget=${BUDGET:-570}
     for tree in "${!TREES[@]}"; do
         [ -d "$here/trees/$tree" ] || { echo "no trees/$tree: run 'measure.sh trees' here first" >&2; exit 1; }
     done
@@ -54,69 +57,77 @@ run3)
     archive() {  # replaced whole, so that a kill while it writes keeps the last one
         tar -czf "$out/.outputs.tmp" -C "$work" . && mv -f "$out/.outputs.tmp" "$out/outputs.tar.gz"
     }
-    { timeout 60 nvidia-smi; timeout 60 python3 -c "import torch, triton; print(torch.__version__, triton.__version__,
-torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$work/card.txt" 2>&1
-    grep -E "NVIDIA|_CudaDeviceProperties" "$work/card.txt" || tail -3 "$work/card.txt"
+    { timeout 60 nvidia-smi; timeout 60 python3 -c "import numpy, pytest, torch, triton
+print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__,
+      'pytest', pytest.__version__, 'cuda', torch.version.cuda)
+print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "$work/card.txt" 2>&1
+    grep -E "NVIDIA|_CudaDeviceProperties|^torch" "$work/card.txt" || tail -3 "$work/card.txt"
     archive
 
-    step() {  # NAME LIMIT DIR COMMAND...: its output to NAME.txt, then archived; none past 570 s
-        local name=$1 limit=$2 dir=$3 left=$((570 - (SECONDS - started))) rc
+    step() {  # NAME NEED DIR COMMAND...: its output to NAME.txt, then archived; it starts only
+        # with NEED seconds left of the budget, and is stopped (SIGINT first, so that pytest
+        # prints its summary) at twice NEED or the budget's end
+        local name=$1 need=$2 dir=$3 left=$((budget - (SECONDS - started))) limit rc
         shift 3
-        [ "$left" -lt 30 ] && { echo "$name: skipped, $left s left"; return 1; }
-        [ "$limit" -gt "$left" ] && limit=$left
-        (cd "$dir" && timeout -k 10 "$limit" "$@") > "$work/$name.txt" 2>&1
+        [ "$left" -lt "$need" ] && { echo "$name: skipped, $left s left of $need needed"; return 1; }
+        limit=$((2 * need < left ? 2 * need : left))
+        (cd "$dir" && timeout -s INT -k 15 "$limit" "$@") > "$work/$name.txt" 2>&1
         rc=$?
         archive
         echo "$name: rc $rc at $((SECONDS - started)) s; $(tail -1 "$work/$name.txt")"
         return $rc
     }
     bench() {  # NAME DIR NEED: one micro-batch a step; all share one compile cache, cold for
-        # the first; it starts only with the NEED seconds it is predicted to take, and 10 more:
-        # a compile cut short measures nothing
-        local left=$((570 - (SECONDS - started)))
-        [ "$left" -lt $(($3 + 10)) ] && { echo "bench_$1: skipped, $left s left"; return 1; }
+        # the first
         TORCHINDUCTOR_CACHE_DIR=/tmp/cache_bench TRITON_CACHE_DIR=/tmp/triton_bench \
-            step "bench_$1" 150 "$2" "${bench[@]}" --json="$work/bench_$1.json" \
-            && grep -E "^(runs|ms_forward|peak_memory|compile)" "$work/bench_$1.txt"
+            step "bench_$1" "$3" "$2" "${bench[@]}" --json="$work/bench_$1.json" || return 1
+        grep -E "^(runs|ms_forward|peak_memory|compile)" "$work/bench_$1.txt"
+        grep -q "torch code" "$work/bench_$1.txt" \
+            && echo "!!! bench_$1 ran the torch code, not a kernel: its times are not the kernels'"
+        return 0
     }
     # the tests compile in caches of their own, so that main's benchmark starts cold
     export TORCHINDUCTOR_CACHE_DIR=/tmp/cache_tests TRITON_CACHE_DIR=/tmp/triton_tests
-    pytest=(python3 -m pytest -q -s -rs -o addopts= -p no:cacheprovider --durations=12)
+    pytest=(python3 -m pytest -q -s -rs -o addopts= -p no:cacheprovider --durations=12
+            -o faulthandler_timeout=150)
     timeout 120 python3 data/synthetic_fineweb.py 1 --tokens 4000000 --val-tokens 200000 \
         --dir /tmp/shards > "$work/shards.txt" 2>&1
     archive
     ls /tmp/shards/synthetic_train_*.bin > /dev/null || echo "no shards: see shards.txt"
     bench=(python3 benchmarks/bench_step.py --batch_size=65536 --steps=10
            "--train_files=/tmp/shards/synthetic_train_*.bin")
+    keep=$here/trees/keep_h
 
-    # 1. main: the compiled model against fp32 eager (the head read once inside it), the MLP's
-    #    settings at the real shape [80 s]
-    step main_tests 200 "$root" "${pytest[@]}" tests/test_gpu.py \
-        -k "compiled_bf16 or relu_square_mlp or h100"
-    # 2. the persistent MLP: the kernel tests on CUDA at small shapes (the builds for every
-    #    target are the CPU's), its settings at the real shape, flattened or not [120 s]; then
-    #    its outputs against main's kernel at the real shapes, bit for bit [30 s]
-    step persist_tests 200 "$here/trees/persist" "${pytest[@]}" tests/test_kernels.py \
-        tests/test_gpu.py -k "(test_kernels and not every_gpu and not without_triton) or relu_square_mlp or h100"
-    persist_ok=$?
-    step persist_bits 60 "$root" python3 records/prepared/mlp_same_bits.py . "$here/trees/persist"
-    # 3. main from a cold cache, the persistent MLP (if its tests pass), main again
+    # 1. main's GPU tests but the two longest (the resume test and the peak's), first: the
+    #    compiled bf16 model against fp32 eager, the kernels at the real shapes [120 s]
+    step main_tests 120 "$root" "${pytest[@]}" tests/test_gpu.py \
+        -k "not resume and not compile_steps_leave"
+    # 2. keep_h: its kernel tests on CUDA, the MLP at the real shape, the compiled model [70 s];
+    #    its output and gradients against main's kernel, bit for bit [40 s]
+    step keep_h_tests 70 "$keep" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
+        -k "(test_kernels and relu_square and not every_gpu) or mlp_kernel or h100 or compiled_bf16"
+    keep_ok=$?
+    step keep_h_bits 40 "$root" python3 records/prepared/mlp_same_bits.py . "$keep"
+    # 3. one micro-batch a step: main cold [100 s], keep_h if its tests passed [60 s], main
+    #    again for the spread [40 s], the head's chunks of 12,288 rows [60 s], both [60 s], the
+    #    head's chunks of 16,384 rows [60 s]
     bench main "$root" 100
-    [ $persist_ok -eq 0 ] && bench persist "$here/trees/persist" 90
+    [ $keep_ok -eq 0 ] && bench keep_h "$keep" 60
     bench main_2 "$root" 40
-    # 4. one MLP alone, forward and backward: main, persist, main [30 s each]
-    for run in main persist main_2; do
-        dir=$root && [ $run = persist ] && dir=$here/trees/persist
-        [ $run = persist ] && [ $persist_ok -ne 0 ] && continue
-        step "mlp_$run" 90 "$dir" python3 benchmarks/bench_kernels.py --part=mlp \
+    bench chunk12288 "$here/trees/chunk12288" 60
+    [ $keep_ok -eq 0 ] && bench both "$here/trees/both" 60
+    bench chunk16384 "$here/trees/chunk16384" 60
+    # 4. one MLP alone, forward and backward: main, keep_h, main [30 s each]
+    for run in main keep_h main_2; do
+        dir=$root && [ $run = keep_h ] && dir=$keep
+        [ $run = keep_h ] && [ $keep_ok -ne 0 ] && continue
+        step "mlp_$run" 30 "$dir" python3 benchmarks/bench_kernels.py --part=mlp \
             --json="$work/mlp_$run.json" && grep "the file's" "$work/mlp_$run.txt"
     done
-    # 5. main: a resume continues like a run that never stopped [150 s]
-    step main_resume 200 "$root" "${pytest[@]}" tests/test_gpu.py -k resume
     echo "done at $((SECONDS - started)) s"
     ;;
 *)
-    echo "usage: bash records/prepared/measure.sh trees|run3" >&2
+    echo "usage: bash records/prepared/measure.sh trees|a" >&2
     exit 2
     ;;
 esac
