@@ -1143,10 +1143,10 @@ def resume_path(args, run_id):
     if restarted_by_torchrun():
         if own:
             return own[-1]
-    elif began_training(log) or own:
+    elif (began := began_training(log)) or own:
         resume = f" (to continue that run, add --resume={folder})" if own else ""
-        raise UserError(f"the run id {run_id} is taken: {log if began_training(log) else folder} "
-                        f"holds an earlier run; give torchrun a new --rdzv-id{resume}")
+        raise UserError(f"the run id {run_id} is taken: {log if began else folder} holds an "
+                        f"earlier run; give torchrun a new --rdzv-id{resume}")
     if os.path.isdir(args.resume):
         found = checkpoints_in(args.resume)
         if not found:
