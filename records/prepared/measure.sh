@@ -9,11 +9,12 @@
 #
 #     bash records/prepared/measure.sh a
 #
-# a: main's GPU tests (its kernels section was rearranged on the CPU's evidence), the MLP
-# kernel that keeps only relu(pre)^2 (keep_h: mlp_keep_h.patch): its tests and its bits against
-# main's kernel; then one micro-batch a step (bench_step.py): main from a cold cache, keep_h,
-# main again, the head 12,288 rows at a time, both together, the head 16,384 rows at a time;
-# last one MLP alone (bench_kernels.py). Each step's whole output goes to its own file, and all
+# a: main's GPU tests (its kernels section was rearranged on the CPU's evidence); the MLP
+# kernel that keeps only relu(pre)^2 (keep_h: mlp_keep_h.patch) and, on top of it, one program
+# an SM (persist: mlp_persistent.patch): their tests and their bits against main's kernel; then
+# one micro-batch a step (bench_step.py): main from a cold cache, keep_h, main again, persist,
+# the head 12,288 rows at a time, keep_h and those chunks together; last one MLP alone
+# (bench_kernels.py). Each step's whole output goes to its own file, and all
 # of them into $OUT/outputs.tar.gz (/tmp/measure_out without OUT) after each step; a step starts
 # only with the time it needs left of BUDGET (570 s), the ones that matter most first. Printed:
 # the card, then one line per step with its exit code, and for each benchmark which code ran
@@ -22,10 +23,11 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
-FILES="train_gpt.py README.md pytest.ini tests benchmarks data/shakespeare data/synthetic_fineweb.py"
+FILES="train_gpt.py README.md pytest.ini requirements.txt tests benchmarks data/shakespeare
+       data/synthetic_fineweb.py"
 # each tree: the patches it takes, in order
-declare -A TREES=([keep_h]="mlp_keep_h.patch" [chunk12288]="head_chunk_12288.patch"
-                  [chunk16384]="head_chunk_16384.patch"
+declare -A TREES=([keep_h]="mlp_keep_h.patch" [persist]="mlp_keep_h.patch mlp_persistent.patch"
+                  [chunk12288]="head_chunk_12288.patch"
                   [both]="mlp_keep_h.patch head_chunk_12288.patch")
 
 case "${1:-}" in
@@ -96,31 +98,39 @@ print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"; } > "
     ls /tmp/shards/synthetic_train_*.bin > /dev/null || echo "no shards: see shards.txt"
     bench=(python3 benchmarks/bench_step.py --batch_size=65536 --steps=10
            "--train_files=/tmp/shards/synthetic_train_*.bin")
-    keep=$here/trees/keep_h
+    keep=$here/trees/keep_h persist=$here/trees/persist
 
     # 1. main's GPU tests but the two longest (the resume test and the peak's), first: the
     #    compiled bf16 model against fp32 eager, the kernels at the real shapes [120 s]
     step main_tests 120 "$root" "${pytest[@]}" tests/test_gpu.py \
         -k "not resume and not compile_steps_leave"
-    # 2. keep_h: its kernel tests on CUDA, the MLP at the real shape, the compiled model [70 s];
-    #    its output and gradients against main's kernel, bit for bit [40 s]
-    step keep_h_tests 70 "$keep" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
-        -k "(test_kernels and relu_square and not every_gpu) or mlp_kernel or h100 or compiled_bf16"
+    # 2. keep_h, then persist: the MLP kernel's tests on CUDA and the MLP at the real shape
+    #    [40 s]; its output and gradients against main's kernel, bit for bit [40 s]. The bits
+    #    stand for the compiled model against fp32, which main's tests run [60 s saved each]
+    mlp_tests="(test_kernels and (relu_square or program) and not every_gpu) or mlp_kernel or h100"
+    step keep_h_tests 40 "$keep" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
+        -k "$mlp_tests"
     keep_ok=$?
     step keep_h_bits 40 "$root" python3 records/prepared/mlp_same_bits.py . "$keep"
-    # 3. one micro-batch a step: main cold [100 s], keep_h if its tests passed [60 s], main
-    #    again for the spread [40 s], the head's chunks of 12,288 rows [60 s], both [60 s], the
-    #    head's chunks of 16,384 rows [60 s]
+    step persist_tests 40 "$persist" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
+        -k "$mlp_tests"
+    persist_ok=$?
+    step persist_bits 40 "$root" python3 records/prepared/mlp_same_bits.py . "$persist"
+    # 3. one micro-batch a step, each tree only if its tests passed: main cold [100 s], keep_h
+    #    [60 s], main again for the spread [40 s], persist [60 s], the head's chunks of 12,288
+    #    rows [60 s], keep_h with them [60 s]
     bench main "$root" 100
     [ $keep_ok -eq 0 ] && bench keep_h "$keep" 60
     bench main_2 "$root" 40
+    [ $persist_ok -eq 0 ] && bench persist "$persist" 60
     bench chunk12288 "$here/trees/chunk12288" 60
     [ $keep_ok -eq 0 ] && bench both "$here/trees/both" 60
-    bench chunk16384 "$here/trees/chunk16384" 60
-    # 4. one MLP alone, forward and backward: main, keep_h, main [30 s each]
-    for run in main keep_h main_2; do
+    # 4. one MLP alone, forward and backward: main, keep_h, persist, main [30 s each]
+    for run in main keep_h persist main_2; do
         dir=$root && [ $run = keep_h ] && dir=$keep
+        [ $run = persist ] && dir=$persist
         [ $run = keep_h ] && [ $keep_ok -ne 0 ] && continue
+        [ $run = persist ] && [ $persist_ok -ne 0 ] && continue
         step "mlp_$run" 30 "$dir" python3 benchmarks/bench_kernels.py --part=mlp \
             --json="$work/mlp_$run.json" && grep "the file's" "$work/mlp_$run.txt"
     done

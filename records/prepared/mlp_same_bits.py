@@ -42,12 +42,16 @@ def main(before, after, tokens=65536, dim=768, hidden=3072):
     results = []
     for path in (before, after):
         tree = load_script(Path(path) / "train_gpt.py")
-        stages = tree.mlp_pipeline_stages(device)
-        if stages is None or not tree.mlp_fits_tiles(tokens, dim, hidden):
+        if hasattr(tree, "mlp_pipeline"):  # num_stages and flatten
+            pipeline = tree.mlp_pipeline(device)
+        else:
+            stages = tree.mlp_pipeline_stages(device)
+            pipeline = stages and dict(num_stages=stages)
+        if pipeline is None or not tree.mlp_fits_tiles(tokens, dim, hidden):
             sys.exit(f"{tree.__file__}: its MLP kernel does not run here")
-        print(f"{tree.__file__}: num_stages={stages}, {tree.MLP_TILES}")
+        print(f"{tree.__file__}: {pipeline}, {tree.MLP_TILES}")
         leaves = [t.clone().requires_grad_() for t in inputs]
-        out = tree.triton_relu_square_mlp(*leaves, stages)
+        out = tree.triton_relu_square_mlp(*leaves, **pipeline)
         out.backward(grad_out)
         results.append([out.detach()] + [t.grad for t in leaves])
     differ = 0
