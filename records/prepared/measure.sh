@@ -109,31 +109,34 @@ a)
     bench=(python3 benchmarks/bench_step.py --batch_size=65536 --steps=10 "${shards[0]}")
     keep=$here/trees/keep_h persist=$here/trees/persist
 
-    # 1. main's GPU tests but the two longest (the resume test and the peak's), first: the
-    #    compiled bf16 model against fp32 eager, the kernels at the real shapes [120 s]
-    step main_tests 120 "$root" "${pytest[@]}" tests/test_gpu.py \
-        -k "not resume and not compile_steps_leave"
-    # 2. keep_h, then persist: the MLP kernel's tests on CUDA and the MLP at the real shape
-    #    [40 s]; its output and gradients against main's kernel, bit for bit [40 s]. The bits
-    #    stand for the compiled model against fp32, which main's tests run [60 s saved each]
-    mlp_tests="(test_kernels and (relu_square or program) and not every_gpu) or mlp_kernel or h100"
-    step keep_h_tests 40 "$keep" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
+    # 1. main's kernel tests on the GPU, first: the kernels and their dispatch at the real shapes,
+    #    the compiled bf16 model against fp32 eager [100 s; run 1 and run 2: 63 s the model]
+    kernel_tests="compiled_bf16 or head_kernel or zero_head or h100 or mlp_kernel"
+    step main_tests 100 "$root" "${pytest[@]}" tests/test_gpu.py -k "$kernel_tests"
+    # 2. keep_h, then persist: the MLP kernel's tests on CUDA, its op's schema and graph, the MLP
+    #    at the real shape [30 s]; its output and gradients bit for bit [40 s], keep_h's against
+    #    main's kernel, persist's against keep_h's. The bits stand for the compiled model
+    #    against fp32, which main's tests run [60 s saved each]
+    mlp_tests="(test_kernels and (relu_square or program or tile or registered_schema"
+    mlp_tests+=" or one_graph) and not every_gpu) or mlp_kernel or h100"
+    step keep_h_tests 30 "$keep" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
         -k "$mlp_tests"
     keep_ok=$?
     step keep_h_bits 40 "$root" python3 records/prepared/mlp_same_bits.py . "$keep"
-    step persist_tests 40 "$persist" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
+    step persist_tests 30 "$persist" "${pytest[@]}" tests/test_kernels.py tests/test_gpu.py \
         -k "$mlp_tests"
     persist_ok=$?
-    step persist_bits 40 "$root" python3 records/prepared/mlp_same_bits.py . "$persist"
-    # 3. one micro-batch a step, each tree only if its tests passed: main cold [100 s], keep_h
-    #    [60 s], main again for the spread [40 s], persist [60 s], the head's chunks of 12,288
-    #    rows [60 s], keep_h with them [60 s]
+    step persist_bits 40 "$root" python3 records/prepared/mlp_same_bits.py "$keep" "$persist"
+    # 3. one micro-batch a step, each tree only if its tests passed (run 2: 83 s cold, 44 s
+    #    warm, 64 to 82 s a tree of its own ops): main cold [100 s], keep_h [75 s], main again
+    #    for the spread [50 s], persist [75 s], the head's chunks of 12,288 rows [70 s], keep_h
+    #    with them [70 s]
     bench main "$root" 100
-    [ $keep_ok -eq 0 ] && bench keep_h "$keep" 60
-    bench main_2 "$root" 40
-    [ $persist_ok -eq 0 ] && bench persist "$persist" 60
-    bench chunk12288 "$here/trees/chunk12288" 60
-    [ $keep_ok -eq 0 ] && bench both "$here/trees/both" 60
+    [ $keep_ok -eq 0 ] && bench keep_h "$keep" 75
+    bench main_2 "$root" 50
+    [ $persist_ok -eq 0 ] && bench persist "$persist" 75
+    bench chunk12288 "$here/trees/chunk12288" 70
+    [ $keep_ok -eq 0 ] && bench both "$here/trees/both" 70
     # 4. one MLP alone, forward and backward: main, keep_h, persist, main [30 s each]
     for run in main keep_h persist main_2; do
         dir=$root && [ $run = keep_h ] && dir=$keep
@@ -143,6 +146,10 @@ a)
         step "mlp_$run" 30 "$dir" python3 benchmarks/bench_kernels.py --part=mlp \
             --json="$work/mlp_$run.json" && grep "the file's" "$work/mlp_$run.txt"
     done
+    # 5. main's other GPU tests but the resume test and the peak's (run b's), if time is left:
+    #    the loop's (renamed since run 2 on the CPU's evidence), Muon's, FlexAttention's [120 s]
+    step main_other_tests 120 "$root" "${pytest[@]}" tests/test_gpu.py \
+        -k "not resume and not compile_steps_leave and not ($kernel_tests)"
     echo "done at $((SECONDS - started)) s"
     ;;
 b)
