@@ -138,12 +138,11 @@ a)
     bench chunk12288 "$here/trees/chunk12288" 70
     [ $keep_ok -eq 0 ] && bench both "$here/trees/both" 70
     # 4. one MLP alone, forward and backward: main, keep_h, persist, main [30 s each]
+    declare -A dirs=([main]=$root [keep_h]=$keep [persist]=$persist [main_2]=$root)
+    declare -A passed=([main]=0 [keep_h]=$keep_ok [persist]=$persist_ok [main_2]=0)
     for run in main keep_h persist main_2; do
-        dir=$root && [ $run = keep_h ] && dir=$keep
-        [ $run = persist ] && dir=$persist
-        [ $run = keep_h ] && [ $keep_ok -ne 0 ] && continue
-        [ $run = persist ] && [ $persist_ok -ne 0 ] && continue
-        step "mlp_$run" 30 "$dir" python3 benchmarks/bench_kernels.py --part=mlp \
+        [ "${passed[$run]}" -eq 0 ] || continue
+        step "mlp_$run" 30 "${dirs[$run]}" python3 benchmarks/bench_kernels.py --part=mlp \
             --json="$work/mlp_$run.json" && grep "the file's" "$work/mlp_$run.txt"
     done
     # 5. main's other GPU tests but the resume test and the peak's (run b's), if time is left:
@@ -156,10 +155,11 @@ b)
     baseline=$here/trees/baseline_$BASELINE/train_gpt.py
     [ -f "$baseline" ] || { echo "no $baseline: run 'measure.sh trees' here first" >&2; exit 1; }
     start_run
+    # one compile cache for the whole run: cold for the comparison, then warm
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/cache_compare TRITON_CACHE_DIR=/tmp/triton_compare
     # 1. main against the baseline, whole, as users run them: 100 steps of one micro-batch, val
-    #    at the end, A B A B, from one cold compile cache [330 s]
-    TORCHINDUCTOR_CACHE_DIR=/tmp/cache_compare TRITON_CACHE_DIR=/tmp/triton_compare \
-        step compare 330 "$root" python3 benchmarks/compare.py "$baseline" train_gpt.py \
+    #    at the end, A B A B, from the cold cache [330 s]
+    step compare 330 "$root" python3 benchmarks/compare.py "$baseline" train_gpt.py \
         --runs=2 --out="$work/compare" -- --batch_size=65536 --num_iterations=100 \
         --val_every=0 "${shards[@]}"
     # 2. three whole steps of 524,288 tokens (8 micro-batches) with the process's allocator held
@@ -170,8 +170,7 @@ torch.cuda.set_per_process_memory_fraction(
     22500 * 2**20 / torch.cuda.get_device_properties(0).total_memory)
 sys.argv[0] = "train_gpt.py"
 runpy.run_path("train_gpt.py", run_name="__main__")'
-    PYTORCH_ALLOC_CONF=expandable_segments:True TORCHINDUCTOR_CACHE_DIR=/tmp/cache_compare \
-        TRITON_CACHE_DIR=/tmp/triton_compare step fit_24gb 90 "$root" python3 -c "$fit_24gb" \
+    PYTORCH_ALLOC_CONF=expandable_segments:True step fit_24gb 90 "$root" python3 -c "$fit_24gb" \
         --num_iterations=3 --val_every=0 "${shards[@]}" --log_dir="$work/fit_24gb"
     grep -h "^peak memory consumption" "$work"/fit_24gb/*.txt
     # 3. the resume test: a run stopped at step 10 and resumed, against one that never stopped
