@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The measurements of this folder, on one GPU: `bash measure.sh PART OUT BEFORE` from the
 # repository root, where BEFORE is a copy of the train_gpt.py the kernels are measured against
-# (the device gets no .git: make it here with `git show main:train_gpt.py > before_train_gpt.py`,
-# untracked and not ignored, so that it travels). Each part fits one device call (10 minutes):
+# (the GPU machine gets no .git: make it here with `git show main:train_gpt.py > before_train_gpt.py`,
+# untracked and not ignored, so that it travels). Each part fits one command of 10 minutes:
 #   1: versions; the kernel tests and the GPU tests; the smoke run.
 #   2: each kernel against the compiled graph it replaces, its launch configuration swept; the
 #      step (one 65,536-token micro-batch per step) of BEFORE and of this script, each with a

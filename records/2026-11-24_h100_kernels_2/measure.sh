@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The second session of the kernels on one GPU: `bash measure.sh PART OUT BEFORE`, where BEFORE
-# is a copy of main's train_gpt.py (the device gets no .git: make it in the repository root with
+# The second round of the kernels on one GPU: `bash measure.sh PART OUT BEFORE`, where BEFORE
+# is a copy of main's train_gpt.py (the GPU machine gets no .git: make it in the repository root with
 # `git show main:train_gpt.py > before_train_gpt.py`, untracked and not ignored, so that it
 # travels). This script's tree is the branch: the head kernel without its loop over rows, at 4
-# warps, and the MLP's products at 4 pipeline stages. Each part fits one device call (600 s),
+# warps, and the MLP's products at 4 pipeline stages. Each part fits one command of 600 s,
 # and a step that would start after 520 s is skipped, with a line that says so. They ran in the
-# order 2, 1, 3, 4, 5: part 2 decides what is kept; 3 to 5 are what 30 minutes of device time left
+# order 2, 1, 3, 4, 5: part 2 decides what is kept; 3 to 5 are what 30 minutes on the GPU left
 # room for after 2 and 1.
 #   1: versions; tests/test_gpu.py on its own (a traceback of every thread when a test passes
 #      150 s): first the tests of the kernels at the real shapes and of resume, then the smoke

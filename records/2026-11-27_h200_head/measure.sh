@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The next GPU sessions' calls, one a session, each at most 600 s on a fresh machine. From the
-# repository root, here first (no GPU needed):
+# The GPU runs of this folder, each one command of at most 600 s on a fresh machine. From the
+# repository root, first (no GPU needed):
 #
 #     bash records/prepared/measure.sh trees    # trees/NAME: main's files with patches applied
 #
-# then one device call:
+# then, on the GPU machine, in the work tree with records/prepared/trees copied into it, with a
+# 600 s limit:
 #
-#     run(command="bash records/prepared/measure.sh run1", carry=["records/prepared/trees"],
-#         timeout_s=600)
+#     bash records/prepared/measure.sh run1
 #
 # run1: main's GPU path checked, and the head in chunks (after: head_chunks.patch) and read once
 # (onepass: head_one_pass.patch after it). Each step's whole output goes to its own file under

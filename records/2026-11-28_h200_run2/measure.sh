@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The next GPU session's call, at most 600 s on a fresh machine. From the repository root, here
-# first (no GPU needed):
+# The GPU run of this folder, one command of at most 600 s on a fresh machine. From the
+# repository root, first (no GPU needed):
 #
 #     bash records/prepared/measure.sh trees    # trees/NAME: main's files with patches applied
 #
-# then one device call:
+# then, on the GPU machine, in the work tree with records/prepared/trees copied into it, with a
+# 600 s limit:
 #
-#     run(command="bash records/prepared/measure.sh run2", carry=["records/prepared/trees"],
-#         timeout_s=600)
+#     bash records/prepared/measure.sh run2
 #
 # run2: the head read once (onepass: head_chunks.patch, then head_one_pass.patch) against the
 # head in chunks alone (after) and main, then q, k and v from one product (qkv). Each step's
