@@ -632,9 +632,8 @@ def train(args, rank, world_size, device):
         initial = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True),
                                 training_state(*stateful))
         if run_compile_steps(train_one_step, args.compile_steps, signals, log, rank == 0):
-            stop_run("interrupted in the compile steps, before training began (its run id stays "
-                     "free)",
-                     resume[0] if resume else None, log, error=SystemExit)
+            stop_run("interrupted in the compile steps, before training began (its run id "
+                     "stays free)", resume[0] if resume else None, log, error=SystemExit)
         restore_training_state(initial, *stateful)
         del initial
         clock = TrainClock(device)  # from here: the set-up above is no training
