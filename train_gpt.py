@@ -981,8 +981,9 @@ def send_loss_and_stop(step, loss, stop_asked, clock):
     return step, host, arrived, clock.ms()
 
 def receive_loss_and_stop(sent, clock):
-    """(step, mean loss, whether a rank asked to stop, train time in ms at the step's end) of a
-    send_loss_and_stop()."""
+    """(step, mean loss, whether a rank asked to stop, train time in ms) of a
+    send_loss_and_stop(). The time is read when the host sees the step done: at its end while the
+    CPU runs ahead of the GPU, as it does in a real run, and later when the CPU lags behind."""
     step, host, arrived, ms = sent
     if arrived:
         arrived.synchronize()  # long done unless the CPU is more than a step ahead
