@@ -614,7 +614,7 @@ def train(args, rank, world_size, device):
     resume = find_checkpoint(args, run_id, world_size)
     # every refusal of the configuration comes above: from here on, the run has a log
     log = make_logger(args.log_dir, run_id, rank)
-    log_run_header(log, args, world_size, train_loader.files, val_loader.files, model)
+    on_rank_0(log_run_header, log, args, world_size, train_loader.files, val_loader.files, model)
     adam, muon = build_optimizers(model, args)
     stateful = (model, adam, muon, train_loader)  # what holds the training state
     window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
@@ -639,7 +639,7 @@ def train(args, rank, world_size, device):
         clock = TrainClock(device)  # from here: the set-up above is no training
         first_step, newest = resume_from(resume, stateful, clock, log)  # (0, None): a new run
         del resume  # in the model and optimizers now: free its copy in host memory
-        val_losses, in_flight, stop_requested = {}, [], False
+        val_losses, in_flight, stop_requested = {}, [], set()
         for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
             last = step == args.num_iterations
             validate = last or (args.val_every > 0 and step % args.val_every == 0)
@@ -659,7 +659,7 @@ def train(args, rank, world_size, device):
                     check_finite("norm of the weights", step, weights_norm(model), log, newest)
                     newest = save_checkpoint(step, stateful, args, run_id, clock, log, newest)
             if stop:
-                stop_run(f"interrupted at step {step}", newest, log, error=SystemExit)
+                stop_as_asked(stop_requested, step, newest, log)
             if validate:  # off the clock, with this step's window
                 with clock.paused():
                     window.fill_(window_schedule(step, args.num_iterations))
@@ -669,9 +669,12 @@ def train(args, rank, world_size, device):
             if last:
                 break
             loss = train_one_step(step)
-            in_flight.append(send_loss_and_stop(step + 1, loss, bool(signals), clock))
+            in_flight.append(send_loss_and_stop(step + 1, loss, stops_asked(signals, log), clock))
     log(f"peak memory consumption: {peak_memory_mib(device)} MiB" + (
         "" if device.type == "cuda" else " (CPU run: peak resident set size of rank 0)"))
+    if log.failed:  # in the last step, after which no stop is read
+        raise UserError(f"{log.failed}: it lacks the lines printed after that; free space or "
+                        f"change --log_dir")
     return val_losses
 
 def build_model(args, device, gpu_path=None):
@@ -868,27 +871,51 @@ def all_ranks_mean(x):
     return x
 
 def make_logger(log_dir, run_id, rank):
-    """log(line): on rank 0, print and write to <log_dir>/<run id>.txt. Every rank makes the
-    folder, or finds that it cannot, so that all stop alike."""
+    """The run's RunLog, <log_dir>/<run id>.txt. Every rank makes the folder, or finds that it
+    cannot, so that all stop alike."""
     try:
         os.makedirs(log_dir, exist_ok=True)
     except OSError as err:
         raise UserError(f"--log_dir={log_dir}: cannot make the folder ({err.strerror})")
     if not os.access(log_dir, os.W_OK | os.X_OK):
         raise UserError(f"--log_dir={log_dir}: the folder is not writable")
-    if rank != 0:
-        return lambda line, console=True: None
-    path = os.path.join(log_dir, f"{run_id}.txt")
-    # a restarted worker goes on with its run's log; a new run replaces one that never trained
-    log_file = open(path, "a" if restarted_by_torchrun() else "w")
-    print(f"logging to {path}")
+    return RunLog(os.path.join(log_dir, f"{run_id}.txt"), writes=rank == 0)
 
-    def log(line, console=True):
+class RunLog:
+    """log(line): on rank 0 (`writes`), print the line and append it to the log at `path`; on
+    the others, nothing. A line the file cannot take (a full disk) is cut off again, so that the
+    log keeps whole lines, and `failed` says why: from then on lines are printed only, and the
+    training loop stops every rank after the step."""
+
+    def __init__(self, path, writes):
+        self.path, self.writes, self.file, self.failed = path, writes, None, None
+        if writes:
+            print(f"logging to {path}")
+
+    def __call__(self, line, console=True):
+        if not self.writes:
+            return
         if console:
             print(line)
-        log_file.write(line + "\n")
-        log_file.flush()
-    return log
+        if self.failed:
+            return
+        try:
+            if self.file is None:  # opened here, so that a failure to open is one to write
+                # a restarted worker goes on with its run's log; a new run replaces one that
+                # never trained
+                self.file = open(self.path, "ab" if restarted_by_torchrun() else "wb")
+            whole = self.file.tell()
+            self.file.write(line.encode() + b"\n")
+            self.file.flush()
+        except OSError as err:
+            self.failed = f"cannot write the log {self.path} ({err.strerror})"
+            if self.file is not None:
+                with contextlib.suppress(OSError):
+                    self.file.close()  # which flushes again, fails again, and closes
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, whole)
+                    if not whole:  # a log that holds nothing is no log
+                        os.remove(self.path)
 
 def log_run_header(log, args, world_size, train_files, val_files, model):
     """Everything needed to reproduce the run: code, versions, hardware, data, settings."""
@@ -910,6 +937,8 @@ def log_run_header(log, args, world_size, train_files, val_files, model):
         " (shorter than --micro_batch_size: a different run from the reference)"))
     runs = what_runs(model)
     log(f"the head's loss runs as {runs['head']}, the MLPs as {runs['mlp']}")
+    if log.failed:
+        raise UserError(f"{log.failed}; free space or change --log_dir")
 
 def peak_memory_mib(device):
     """This process's peak memory on `device`: CUDA's allocations, or on a CPU the resident set.
@@ -970,26 +999,35 @@ class TrainClock:
         self.sync()
         self.start = time.perf_counter()
 
-def send_loss_and_stop(step, loss, stop_asked, clock):
-    """Send step `step`'s loss and whether a rank asked to stop, their means over the ranks, to
-    host memory without waiting for them: reading a value the GPU has just computed makes the
-    CPU wait for the step, and the GPU then idles while the CPU queues the next one. Read them
-    with receive_loss_and_stop a step later."""
-    values = all_ranks_mean(torch.stack([loss, torch.full_like(loss, stop_asked)]))
-    host = torch.empty(2, pin_memory=values.is_cuda).copy_(values, non_blocking=True)
+# What a rank may ask the run to stop for: a Ctrl-C or SIGTERM, a log it cannot write (rank 0)
+STOP_REASONS = ("signal", "log")
+
+def stops_asked(signals, log):
+    """What this rank asks the run to stop for: the signals noted in `signals`, the failed `log`."""
+    return {reason for reason, asked in zip(STOP_REASONS, (signals, log.failed)) if asked}
+
+def send_loss_and_stop(step, loss, stops, clock):
+    """Send step `step`'s loss, and for each of STOP_REASONS whether a rank asked to stop for it
+    (this rank: for those in `stops`), their means over the ranks, to host memory without waiting
+    for them: reading a value the GPU has just computed makes the CPU wait for the step, and the
+    GPU then idles while the CPU queues the next one. Read them with receive_loss_and_stop a step
+    later."""
+    values = all_ranks_mean(torch.stack([loss, *(torch.full_like(loss, reason in stops)
+                                                 for reason in STOP_REASONS)]))
+    host = torch.empty(len(values), pin_memory=values.is_cuda).copy_(values, non_blocking=True)
     arrived = torch.cuda.current_stream().record_event() if values.is_cuda else None
     return step, host, arrived, clock.ms()
 
 def receive_loss_and_stop(sent, clock):
-    """(step, mean loss, whether a rank asked to stop, train time in ms) of a
+    """(step, mean loss, what a rank asked to stop for, train time in ms) of a
     send_loss_and_stop(). The time is read when the host sees the step done: at its end while the
     CPU runs ahead of the GPU, as it does in a real run, and later when the CPU lags behind."""
     step, host, arrived, ms = sent
     if arrived:
         arrived.synchronize()  # long done unless the CPU is more than a step ahead
         ms = clock.ms()  # the step has certainly finished by now
-    loss, stop = host.tolist()
-    return step, loss, stop > 0, ms
+    loss, *asked = host.tolist()
+    return step, loss, {reason for reason, mean in zip(STOP_REASONS, asked) if mean > 0}, ms
 
 # ----------------------------------------------------------------------- checkpoints and stops
 # A checkpoint holds the whole training state and the step: a resumed run takes the same batches
@@ -1051,6 +1089,14 @@ def check_finite(what, step, value, log, newest):
     """End the run if `value` is a NaN or an infinity; every rank sees the same value."""
     if not math.isfinite(value):
         stop_run(f"step {step}: the {what} is {value}, so the run stops here", newest, log)
+
+def stop_as_asked(reasons, step, newest, log):
+    """End the run after `step` for the `reasons` (STOP_REASONS) that ranks asked it to stop for."""
+    if "log" in reasons:  # on rank 0, with the error; on the others, rank 0's
+        failed = log.failed or f"rank 0 cannot write the log {log.path}"
+        stop_run(f"step {step}: {failed}, so the run stops here; free space or change --log_dir",
+                 newest, log)
+    stop_run(f"interrupted at step {step}", newest, log, error=SystemExit)
 
 def stop_run(message, newest, log, error=UserError):
     """End the run, on every rank alike, with `message` and where it can go on from: `newest`,
@@ -1170,13 +1216,23 @@ def checkpoints_in(folder):
 
 def write_checkpoint(state, path, keep=2):
     """Save `state` to `path`, then delete all but the newest `keep` checkpoints in its folder.
-    The bytes go to a temporary name, renamed once complete: a crash mid-write breaks nothing."""
+    The bytes go to a temporary name, renamed once complete: a crash mid-write breaks nothing,
+    and a write that fails (a full disk: an OSError) leaves nothing behind."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = path + ".partial"
-    with open(partial, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(partial, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        # torch.save closes its archive as the disk's error unwinds, and that fails in turn:
+        # its RuntimeError hides the OSError, which says what went wrong
+        if isinstance(err, RuntimeError) and isinstance(err.__context__, OSError):
+            raise err.__context__ from None
+        raise
     os.replace(partial, path)
     for old in checkpoints_in(os.path.dirname(path))[:-keep]:
         if old != path:

@@ -2,8 +2,10 @@
 Ctrl-C or SIGTERM), a second Ctrl-C that ends a blocked run, atomic writes and rotation, refused
 checkpoints, non-finite losses."""
 import contextlib
+import errno
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -251,14 +253,14 @@ def test_one_sigterm_to_every_process_is_one_stop(tmp_path):
 
 
 def test_a_failed_write_stops_every_rank(tmp_path):
-    """Rank 0 writes alone; its OSError must reach rank 1, which would otherwise wait. The
-    message names the checkpoint written before."""
+    """Rank 0 writes alone; its error, torch.save's as a file may grow no more, must reach rank
+    1, which would otherwise wait. The message names the checkpoint written before."""
     result = torchrun("diskfull:2", tmp_path, SIX + ["--checkpoint_every=2"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()
         assert stopped == (f"cannot write the checkpoint {checkpoint(tmp_path, 2).parent}/"
-                           f"state_step000004.pt ([Errno 28] No space left on device); free "
+                           f"state_step000004.pt ([Errno 27] File too large); free "
                            f"space or change --log_dir; continue with "
                            f"--resume={checkpoint(tmp_path, 2)}")
 
@@ -477,3 +479,84 @@ def test_ctrl_c_while_the_run_is_set_up_ends_it_in_one_line(tmp_path):
         _, stderr = run.communicate(timeout=60)
         os.close(writer)
     assert run.returncode == 1 and stderr == "interrupted\n", stderr[-3000:]
+
+
+@pytest.fixture(params=["tmpfs", "file size limit"])
+def small_disk(request, tmp_path):
+    """make(size) -> (a folder that holds `size` bytes, the OSError a write past them meets): a
+    tmpfs of that size where the test may mount one (as root); else a limit on the size of
+    every file this process writes (RLIMIT_FSIZE), past which a write fails as on a full disk,
+    only with EFBIG. Either way the write really fails, inside torch.save too."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    undo = []
+
+    def make(size):
+        if request.param == "tmpfs":
+            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                      str(folder)], capture_output=True, text=True)
+            if mounted.returncode:
+                pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): the file "
+                            f"size limit stands in for a full disk")
+            # lazily: a run that stopped with an error may keep its log open until collected
+            undo.append(lambda: subprocess.run(["umount", "--lazy", str(folder)], check=True))
+            return folder, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, limits[1]))
+        undo.append(lambda: (resource.setrlimit(resource.RLIMIT_FSIZE, limits),
+                             signal.signal(signal.SIGXFSZ, handler)))
+        return folder, OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    yield make
+    for step in reversed(undo):
+        step()
+
+
+def test_a_disk_that_fills_with_a_checkpoint_stops_the_run_in_one_line(small_disk):
+    """The log fits, the checkpoint does not: torch.save's error (a RuntimeError, raised as the
+    disk's OSError unwinds) ends the run like any failed write, with no partial file left."""
+    folder, error = small_disk(300_000)
+    with pytest.raises(UserError) as stopped:
+        main(TINY + ["--num_iterations=2", "--val_every=0", "--checkpoint_every=1",
+                     f"--log_dir={folder}"])
+    (run,) = [path for path in folder.iterdir() if path.is_dir()]
+    assert str(stopped.value) == (
+        f"cannot write the checkpoint {run}/state_step000001.pt ({error}); free space or change "
+        f"--log_dir; no checkpoint was written (--checkpoint_every=K writes one every K steps)")
+    assert not list(run.iterdir())  # no .partial
+    lines = (folder / f"{run.name}.txt").read_text().splitlines()
+    assert lines[-2].startswith("step:1/2 train_time:") and lines[-1] == str(stopped.value)
+
+
+def test_a_disk_that_fills_with_the_logs_header_stops_the_run_in_one_line(small_disk):
+    """The script's source alone is more than the disk holds: the run stops before it trains,
+    and leaves no log."""
+    folder, error = small_disk(40_000)
+    with pytest.raises(UserError, match=rf"^cannot write the log {folder}/[0-9a-f-]{{36}}\.txt "
+                       rf"\({error.strerror}\); free space or change --log_dir$"):
+        main(TINY + [f"--log_dir={folder}"])
+    assert not list(folder.iterdir())
+
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_log_that_cannot_be_written_stops_every_rank_after_the_same_step(nproc, tmp_path):
+    """Its header written, the log takes 100 bytes more: step 0's line, not step 1's. Rank 0
+    asks to stop as a Ctrl-C would, read a step late: all stop after step 4, each saying so,
+    and the log ends with its last whole line."""
+    command = [*launcher(nproc), WORKER, "logfull:100", str(tmp_path), *SIX,
+               f"--log_dir={tmp_path}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (log,) = tmp_path.glob("*-*.txt")  # not the worker's stopped_rank<r>.txt
+    lines = log.read_text().splitlines()
+    assert lines[-1].startswith("step:0/6 val_loss:10.8258 ")
+    rank_0 = (f"step 4: cannot write the log {log} (File too large), so the run stops here; "
+              f"free space or change --log_dir; no checkpoint was written (--checkpoint_every=K "
+              f"writes one every K steps)")
+    assert (tmp_path / "stopped_rank0.txt").read_text() == rank_0
+    assert result.stdout.splitlines()[-1] == rank_0  # printed, as the log cannot take it
+    if nproc == 2:
+        assert (tmp_path / "stopped_rank1.txt").read_text() == rank_0.replace(
+            "cannot write the log", "rank 0 cannot write the log").replace(" (File too large)", "")
+

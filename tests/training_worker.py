@@ -13,7 +13,11 @@
     training_worker.py torchrun_sigterm:K OUT [...]  rank 0 sends SIGTERM to torchrun in step K,
                                          and waits until torchrun has passed it on to rank 0
     training_worker.py diskfull:K OUT [...] train, but rank 0 cannot write the K-th checkpoint
-                                         or any after it
+                                         or any after it: from then on no file it writes may
+                                         grow past 1 MiB (RLIMIT_FSIZE)
+    training_worker.py logfull:N OUT [...] train, but once its header is written, the log
+                                         takes N bytes more (RLIMIT_FSIZE), past which its
+                                         writes fail as on a full disk
     training_worker.py hang:K OUT [...]  train, but the last rank says "blocked" on standard
                                          error and waits for good in step K (on several ranks
                                          the others then wait in a collective)
@@ -22,6 +26,7 @@ A run that stops on an error writes it to OUT/stopped_rank<r>.txt on each rank; 
 run prints its message and exits with 1. Rank 0 writes OUT/result.pt.
 """
 import os
+import resource
 import signal
 import sys
 import threading
@@ -78,6 +83,19 @@ def on_the_gpu_path():
     return kernels
 
 
+def fill_the_log_after_its_header(room):
+    """From the end of the log's header on, every file this process writes may hold `room`
+    bytes more than the log then does (RLIMIT_FSIZE); a write past that fails with EFBIG."""
+    header = train_gpt.log_run_header
+
+    def then_full(log, *args):
+        header(log, *args)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(log.path) + room,
+                                                   resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    train_gpt.log_run_header = then_full
+
+
 def break_step(mode, call):
     """Wrap forward_backward so that on the last rank its `call`-th call dies, returns NaN, gets a
     signal (rank 0 for torchrun_sigterm) or never returns."""
@@ -123,15 +141,19 @@ def sigterm_through_torchrun():
 if __name__ == "__main__":
     torch.set_num_threads(1)
     (mode, _, call), out, argv = sys.argv[1].partition(":"), Path(sys.argv[2]), sys.argv[3:]
-    if mode not in ("train", "grads", "diskfull", "gpu_path"):
+    if mode == "logfull":
+        fill_the_log_after_its_header(int(call))
+    elif mode not in ("train", "grads", "diskfull", "gpu_path"):
         break_step(mode, int(call or 5))
     kernels = on_the_gpu_path() if mode == "gpu_path" else None
     if mode == "diskfull" and os.environ["RANK"] == "0":
         written, write = [], train_gpt.write_checkpoint
 
         def write_checkpoint(state, path):
-            if len(written) + 1 >= int(call):
-                raise OSError(28, "No space left on device")
+            if len(written) + 1 >= int(call):  # from here on no file may grow past 1 MiB
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a kill
+                resource.setrlimit(resource.RLIMIT_FSIZE,
+                                   (2**20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
             write(state, path)
             written.append(path)
         train_gpt.write_checkpoint = write_checkpoint
