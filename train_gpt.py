@@ -481,8 +481,17 @@ def write_shard(path, tokens):
 
 def check_shard(path):
     """Validate a shard's header against its size on disk; return its token count."""
-    with open(path, "rb") as f:
-        header = f.read(HEADER_BYTES)
+    if os.path.isdir(path):  # e.g. --train_files=data/fineweb10B
+        patterns = sorted({os.path.join(path, re.sub(r"\d+", "*", name))
+                           for name in os.listdir(path) if name.endswith(".bin")})
+        fix = (f"name the shards, as a pattern such as {' or '.join(map(repr, patterns))}"
+               if patterns else f"and holds no .bin file; {DOWNLOAD_HINT}")
+        raise UserError(f"{path} is a folder, not a shard{': ' if patterns else ', '}{fix}")
+    try:
+        with open(path, "rb") as f:
+            header = f.read(HEADER_BYTES)
+    except PermissionError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror})") from None
     size = os.path.getsize(path)
     header = np.frombuffer(header, dtype="<i4") if len(header) == HEADER_BYTES else None
     expected = None if header is None else HEADER_BYTES + 2 * int(header[2])
@@ -807,8 +816,9 @@ def sequence_length(args, world_size):
     """Tokens per forward pass: the micro-batch, or a rank's whole slice when that is shorter."""
     return min(args.micro_batch_size, args.batch_size // world_size)
 
-def check_config(args, world_size, val_shard_tokens):
-    """Refuse hyperparameters that cannot run on `world_size` ranks, naming the value and fix."""
+def check_config(args, world_size, val_shard_tokens=math.inf):
+    """Refuse hyperparameters that cannot run on `world_size` ranks, naming the value and fix;
+    `val_shard_tokens`: the val shard's length, once it is known."""
     def require(allowed, names, rule):
         for name in names.split():
             value = getattr(args, name)
@@ -844,6 +854,23 @@ def check_config(args, world_size, val_shard_tokens):
     if args.val_tokens + 1 >= val_shard_tokens:  # the targets reach one token further
         raise UserError(f"the val shard holds {val_shard_tokens} tokens, not more than "
                         f"--val_tokens={args.val_tokens} + 1; validate on fewer tokens")
+
+def launch_refusal(world_size, argv):
+    """For a launcher (run.sh), before it starts `world_size` processes of train_gpt.py `argv`:
+    the line each would stop with, naming the numbers of processes up to 8 it would start on;
+    None where it starts (the data is checked as the run reads it)."""
+    def refusal(processes):
+        try:
+            check_config(parse_args(argv), processes)
+        except UserError as err:
+            return str(err)
+        return None
+
+    if {"-h", "--help"} & set(argv) or not (problem := refusal(world_size)):
+        return None
+    takers = [str(n) for n in range(1, 9) if not refusal(n)]
+    starts = " or ".join([", ".join(takers[:-1]), takers[-1]] if len(takers) > 1 else takers)
+    return f"error: {problem}" + (f" (it starts on {starts} processes)" if takers else "")
 
 def check_host_memory(model, seq_len):
     """On a CPU, refuse sequences whose forward and backward cannot fit in the machine's memory,
@@ -1197,9 +1224,20 @@ def resume_path(args, run_id):
         found = checkpoints_in(args.resume)
         if not found:
             raise UserError(f"--resume={args.resume}: the folder holds no checkpoint "
-                            f"(state_step*.pt)")
+                            f"(state_step*.pt); a run keeps its checkpoints in "
+                            f"<log_dir>/<run id>/{run_folders_in(args.resume)}")
         return found[-1]
     return args.resume
+
+def run_folders_in(folder, most=3):
+    """The run folders in `folder` that hold checkpoints, the newest `most` first, as the end of
+    a sentence ("" where there are none)."""
+    runs = [path for name in os.listdir(folder)
+            if checkpoints_in(path := os.path.join(folder, name))]
+    runs.sort(key=lambda run: os.path.getmtime(checkpoints_in(run)[-1]), reverse=True)
+    more = f", and {len(runs) - most} more" if len(runs) > most else ""
+    listed = ", ".join(f"--resume={run}" for run in runs[:most])
+    return f"; here, the newest first: {listed}{more}" if runs else ""
 
 def began_training(log):
     """Whether the log at path `log` has a step's line: its run began training."""

@@ -560,3 +560,18 @@ def test_a_log_that_cannot_be_written_stops_every_rank_after_the_same_step(nproc
         assert (tmp_path / "stopped_rank1.txt").read_text() == rank_0.replace(
             "cannot write the log", "rank 0 cannot write the log").replace(" (File too large)", "")
 
+def test_a_resume_from_the_log_folder_names_the_run_folders_in_it(straight, tmp_path):
+    """Checkpoints are kept in <log_dir>/<run id>/: given <log_dir>, the script names those."""
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "state_step000002.pt").write_bytes(b"")
+    os.utime(older / "state_step000002.pt", (0, 0))  # 1970: older than the straight run's
+    (tmp_path / "notes").mkdir()  # holds no checkpoint: not named
+    runs = checkpoint(straight, 6).parent
+    os.symlink(runs, tmp_path / "straight")
+    with pytest.raises(UserError) as refused:
+        main(SIX + [f"--log_dir={tmp_path / 'logs'}", f"--resume={tmp_path}"])
+    assert str(refused.value) == (
+        f"--resume={tmp_path}: the folder holds no checkpoint (state_step*.pt); a run keeps its "
+        f"checkpoints in <log_dir>/<run id>/; here, the newest first: "
+        f"--resume={tmp_path / 'straight'}, --resume={older}")

@@ -199,6 +199,23 @@ def test_no_file_matches_the_pattern(tmp_path):
         DistributedDataLoader(str(tmp_path / "nothing_*.bin"), 0, 1)
 
 
+def test_a_folder_given_as_the_shards_is_refused_naming_the_patterns_in_it(tmp_path):
+    """As when --train_files names the sample's folder: the script says which shards it holds."""
+    (tmp_path / "empty").mkdir()
+    write_shard(tmp_path / "fw_train_000001.bin", [1] * 10)
+    write_shard(tmp_path / "fw_train_000002.bin", [1] * 10)
+    write_shard(tmp_path / "fw_val_000000.bin", [1] * 10)
+    for folder, message in [
+        (tmp_path, f"{tmp_path} is a folder, not a shard: name the shards, as a pattern such as "
+                   f"'{tmp_path}/fw_train_*.bin' or '{tmp_path}/fw_val_*.bin'"),
+        (tmp_path / "empty", f"{tmp_path}/empty is a folder, not a shard, and holds no .bin "
+                             f"file; download the shards with `python data/cached_fineweb10B.py 8`")]:
+        for check in (check_shard, lambda path: DistributedDataLoader(str(path), 0, 1)):
+            with pytest.raises(UserError) as refused:
+                check(folder)
+            assert str(refused.value) == message
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda p: corrupt(p, 0, 12345), "magic number is 12345, expected 20240520"),
     (lambda p: corrupt(p, 4, 7), "shard version is 7"),

@@ -177,33 +177,61 @@ def stand_in_tools(folder, **scripts):
     return folder
 
 
+def gpus_python(gpus, then):
+    """A stand-in python for run.sh: it counts `gpus` GPUs, runs the launch check as python
+    does, and does `then` (shell) with whatever else it is given."""
+    return (f'case "$*" in *device_count*) echo {gpus}; exit 0;; *launch_refusal*) exec '
+            f'{sys.executable} "$@";; esac\n{then}')
+
+
+def run_sh(tmp_path, tools, nproc=None, argv=()):
+    """./run.sh `argv` with the stand-in `tools` first on the PATH, offline."""
+    bin_dir = stand_in_tools(tmp_path / "bin", **tools)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", HF_HUB_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf_home"), **({"NPROC_PER_NODE": nproc} if nproc else {}))
+    return subprocess.run(["bash", str(ROOT / "run.sh"), *argv], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
 def test_run_sh_trains_offline_on_data_elsewhere(tmp_path):
     """./run.sh on a machine with GPUs (a stand-in python says 8, a stand-in torchrun records its
     arguments), with no network: shards elsewhere need no download."""
-    bin_dir = stand_in_tools(
-        tmp_path / "bin", torchrun=f'echo "$@" > {tmp_path}/torchrun_args',
-        python=f'if [ "$1" = -c ]; then echo 8; exit 0; fi\nexec {sys.executable} "$@"')
     data = [f"--train_files={tmp_path}/train_*.bin", f"--val_files={tmp_path}/val_*.bin"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", HF_HUB_OFFLINE="1",
-               HF_HOME=str(tmp_path / "hf_home"))
-    result = subprocess.run(["bash", str(ROOT / "run.sh"), *data, "--num_iterations=5"], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = run_sh(tmp_path, dict(torchrun=f'echo "$@" > {tmp_path}/torchrun_args',
+                                   python=gpus_python(8, f'exec {sys.executable} "$@"')),
+                    argv=[*data, "--num_iterations=5"])
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "torchrun_args").read_text().split() == [
         "--standalone", "--nproc_per_node=8", "train_gpt.py", *data, "--num_iterations=5"]
 
 
-def test_run_sh_without_a_gpu_says_that_nproc_per_node_counts_gpus(tmp_path):
-    """A stand-in python sees no GPU and records what it would run; nvidia-smi sees none."""
-    bin_dir = stand_in_tools(
-        tmp_path / "bin", **{"nvidia-smi": "exit 9"},
-        python=f'if [ "$1" = -c ]; then echo 0; exit 0; fi\necho "$@" > {tmp_path}/args')
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NPROC_PER_NODE="2")
-    result = subprocess.run(["bash", str(ROOT / "run.sh")], env=env, capture_output=True,
-                            text=True, timeout=60)
+def test_run_sh_refuses_what_the_processes_would_before_it_downloads_or_starts_them(tmp_path):
+    """NPROC_PER_NODE=3 of 8 GPUs: the batch does not split over 3. One line says so and what
+    would start; nothing is downloaded (a stand-in records it) and torchrun never starts."""
+    result = run_sh(tmp_path, dict(torchrun=f"touch {tmp_path}/torchrun_started",
+                                   python=gpus_python(8, f"touch {tmp_path}/downloaded")),
+                    nproc="3")
+    assert result.returncode == 1
+    assert result.stderr == ("error: a batch of 524288 tokens does not split over 3 ranks; make "
+                             "--batch_size a multiple of 3 (it starts on 1, 2, 4 or 8 "
+                             "processes)\n")
+    assert not list(tmp_path.glob("torchrun_started")) + list(tmp_path.glob("downloaded"))
+
+
+@pytest.mark.parametrize("nproc, hint", [
+    ("2", "NPROC_PER_NODE counts GPUs; the smoke run is one process (several on a CPU: torchrun "
+          "--standalone --nproc_per_node=2 train_gpt.py --preset=smoke)"),
+    ("3", "NPROC_PER_NODE counts GPUs; the smoke run is one process, and several on a CPU "
+          "(torchrun --standalone --nproc_per_node=3 train_gpt.py --preset=smoke) would stop: a "
+          "batch of 1024 tokens does not split over 3 ranks; make --batch_size a multiple of 3 "
+          "(it starts on 1, 2, 4 or 8 processes)")])
+def test_run_sh_without_a_gpu_says_that_nproc_per_node_counts_gpus(nproc, hint, tmp_path):
+    """A stand-in python sees no GPU and records what it would run; nvidia-smi sees none. The
+    hint names a number of processes that the smoke run starts on."""
+    result = run_sh(tmp_path, {"nvidia-smi": "exit 9",
+                               "python": gpus_python(0, f'echo "$@" > {tmp_path}/args')},
+                    nproc=nproc)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == (
-        "NPROC_PER_NODE counts GPUs; the smoke run is one process (several on a CPU: torchrun "
-        "--standalone --nproc_per_node=2 train_gpt.py --preset=smoke)")
+    assert result.stdout.splitlines()[-1] == hint
     assert (tmp_path / "args").read_text() == "train_gpt.py --preset=smoke\n"

@@ -141,6 +141,25 @@ def test_impossible_configurations_are_refused(override, world_size, message):
         check_config(args, world_size, val_shard_tokens=2048)
 
 
+@pytest.mark.parametrize("world_size, argv, refusal", [
+    (3, ["--preset=smoke"], "error: a batch of 1024 tokens does not split over 3 ranks; make "
+     "--batch_size a multiple of 3 (it starts on 1, 2, 4 or 8 processes)"),
+    (2, ["--preset=smoke"], None),
+    (6, [], "error: a batch of 524288 tokens does not split over 6 ranks; make --batch_size a "
+     "multiple of 6 (it starts on 1, 2, 4 or 8 processes)"),
+    (2, ["--batch_size=1536", "--micro_batch_size=512", "--val_tokens=6144"],
+     "error: each rank's 768 tokens must split into sequences of 512, and --micro_batch_size=512 "
+     "must be a multiple of 128; change --batch_size or --micro_batch_size (it starts on 1, 3, "
+     "4 or 6 processes)"),  # on 8, each rank's 192 tokens are not whole 128-token blocks
+    (8, ["--model_dim=-1"], "error: --model_dim=-1 must be positive"),  # on no number of them
+    (8, ["--model_dims=1"], "error: unrecognized arguments: --model_dims=1 (--help lists the "
+     "hyperparameters)"),
+    (3, ["--preset=smoke", "--help"], None),  # the script only prints its help
+])
+def test_a_launcher_learns_what_every_process_would_refuse(world_size, argv, refusal):
+    assert train_gpt.launch_refusal(world_size, argv) == refusal
+
+
 @pytest.mark.parametrize("shard_tokens", [1024, 1025, 1026, 1027])
 def test_the_val_shard_check_agrees_with_the_loader(shard_tokens, tmp_path):
     """Validation reads val_tokens inputs and one more target; the loader leaves (here: wraps
@@ -167,6 +186,7 @@ def test_the_val_shard_check_agrees_with_the_loader(shard_tokens, tmp_path):
 # that is not plain data (only weights_only=False would load it) and an empty folder.
 SWEEP = [
     ("--train_files={tmp}/none_*.bin", UserError, r"no shard matches .*--train_files and"),
+    ("--train_files={tmp}", UserError, r"is a folder, not a shard, and holds no \.bin file; down"),
     ("--val_files={tmp}/none_*.bin", UserError, r"no shard matches .*--train_files and"),
     ("--val_tokens=0", UserError, r"--val_tokens=0 must be positive"),
     ("--val_tokens=1000", UserError, r"--val_tokens=1000 must be a multiple of world size x"),
