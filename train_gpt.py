@@ -619,7 +619,7 @@ def train(args, rank, world_size, device):
     model, compiled, ddp_model = build_model(args, device)  # may refuse kernels: see use_kernels
     seq_len = sequence_length(args, world_size)
     check_host_memory(model, seq_len)
-    run_id = make_run_id()
+    run_id, code = make_run_id(), script_digest()  # the code as it starts, whatever edits come
     resume = find_checkpoint(args, run_id, world_size)
     # every refusal of the configuration comes above: from here on, the run has a log
     log = make_logger(args.log_dir, run_id, rank)
@@ -646,7 +646,7 @@ def train(args, rank, world_size, device):
         restore_training_state(initial, *stateful)
         del initial
         clock = TrainClock(device)  # from here: the set-up above is no training
-        first_step, newest = resume_from(resume, stateful, clock, log)  # (0, None): a new run
+        first_step, newest = resume_from(resume, stateful, clock, code, log)  # (0, None): new
         del resume  # in the model and optimizers now: free its copy in host memory
         val_losses, in_flight, stop_requested = {}, [], set()
         for step in range(first_step, args.num_iterations + 1):  # step: the steps done so far
@@ -666,7 +666,8 @@ def train(args, rank, world_size, device):
             if checkpoint or (stop and (args.checkpoint_every > 0 or args.save_checkpoint)):
                 with clock.paused():
                     check_finite("norm of the weights", step, weights_norm(model), log, newest)
-                    newest = save_checkpoint(step, stateful, args, run_id, clock, log, newest)
+                    newest = save_checkpoint(step, stateful, args, run_id, code, clock, log,
+                                             newest)
             if stop:
                 stop_as_asked(stop_requested, step, newest, log)
             if validate:  # off the clock, with this step's window
@@ -1083,14 +1084,15 @@ def weights_norm(model):
     """The norm of all the model's weights together: a NaN or an infinity if any weight is one."""
     return torch.stack([p.detach().float().norm() for p in model.parameters()]).norm().item()
 
-def save_checkpoint(step, stateful, args, run_id, clock, log, newest):
-    """Write the training state after `step` steps (rank 0 writes, the others wait); return its
-    path."""
+def save_checkpoint(step, stateful, args, run_id, code, clock, log, newest):
+    """Write the training state after `step` steps, with the run's `code` (script_digest; rank
+    0 writes, the others wait); return its path."""
     started = time.perf_counter()
     path = os.path.join(args.log_dir, run_id, f"state_step{step:06d}.pt")
     checkpoint = dict(training_state(*stateful, gather=True), step=step, run_id=run_id,
                       world_size=dist.get_world_size() if dist.is_initialized() else 1,
-                      train_time_ms=clock.elapsed_ms, hyperparameters=dataclasses.asdict(args))
+                      train_time_ms=clock.elapsed_ms, hyperparameters=dataclasses.asdict(args),
+                      code=code)
     try:
         on_rank_0(write_checkpoint, checkpoint, path)
     except OSError as err:
@@ -1100,13 +1102,17 @@ def save_checkpoint(step, stateful, args, run_id, clock, log, newest):
         f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
     return path
 
-def resume_from(resume, stateful, clock, log):
+def resume_from(resume, stateful, clock, code, log):
     """Restore `resume`, a (path, checkpoint) from find_checkpoint, into the training state and
-    the clock; return (steps done, newest checkpoint), or (0, None) without one."""
+    the clock; return (steps done, newest checkpoint), or (0, None) without one. The log says
+    where the checkpoint's run ran other code than this one's `code` (a fix mid-run, say)."""
     if not resume:
         return 0, None
     path, checkpoint = resume
     log(f"resuming from {path}: step {checkpoint['step']} of run {checkpoint['run_id']}")
+    if checkpoint.get("code", code) != code:  # older checkpoints do not say
+        log(f"the checkpoint's run ran other code: its script's SHA-256 begins "
+            f"{checkpoint['code']}, this one's {code}")
     with clock.paused():  # not training time
         restore_training_state(checkpoint, *stateful)
     clock.elapsed_ms = checkpoint["train_time_ms"]
@@ -1174,6 +1180,14 @@ def stop_signals(print_notice):
 def restarted_by_torchrun():
     """Whether torchrun restarted this worker (--max-restarts), which then goes on with its run."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+
+def script_digest():
+    """The first 12 hex digits of the SHA-256 of this file, as `sha256sum` gives it: what
+    identifies the code a run runs (None where it was run by exec(), from no file)."""
+    if not globals().get("__file__"):
+        return None
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]
 
 def make_run_id():
     """torchrun's run id, which lasts over its restarts of the workers, or a new one."""

@@ -2,6 +2,7 @@
 Ctrl-C or SIGTERM), a second Ctrl-C that ends a blocked run, atomic writes and rotation, refused
 checkpoints, non-finite losses."""
 import contextlib
+import dataclasses
 import errno
 import os
 import re
@@ -559,6 +560,102 @@ def test_a_log_that_cannot_be_written_stops_every_rank_after_the_same_step(nproc
     if nproc == 2:
         assert (tmp_path / "stopped_rank1.txt").read_text() == rank_0.replace(
             "cannot write the log", "rank 0 cannot write the log").replace(" (File too large)", "")
+
+
+def test_a_checkpoint_keeps_its_steps_train_time_and_a_resumed_run_goes_on_with_it(tmp_path,
+                                                                                   monkeypatch):
+    """A stand-in clock that moves 1 s in each step's forward and backward, and nowhere else:
+    step s ends at s x 1000 ms. The checkpoint after step 3 holds 3000 ms, as its line says, and
+    the run resumed from it logs the times of the run that went straight on."""
+    seconds, forward_backward = [0.0], train_gpt.forward_backward
+
+    def one_second(*args):
+        seconds[0] += 1
+        return forward_backward(*args)
+    monkeypatch.setattr(train_gpt, "forward_backward", one_second)
+    monkeypatch.setattr(time, "perf_counter", lambda: seconds[0])
+    main(SIX + [f"--log_dir={tmp_path}", "--checkpoint_every=3"])
+    saved = torch.load(checkpoint(tmp_path, 3), weights_only=True)
+    assert saved["train_time_ms"] == 3000.0
+    straight = (tmp_path / f"{saved['run_id']}.txt").read_text()
+    assert re.search(r"^step:3/6 train_time:3000ms step_avg:1000.00ms ", straight, re.MULTILINE)
+    resumed = tmp_path / "resumed"
+    main(SIX + [f"--log_dir={resumed}", f"--resume={checkpoint(tmp_path, 3)}"])
+    times = r"^(step:\d/6 .*train_time:\d+ms step_avg:[\d.]+ms)"
+    assert re.findall(times, next(resumed.glob("*.txt")).read_text(), re.MULTILINE) == \
+        re.findall(times, straight, re.MULTILINE)[-5:]  # steps 4 to 6, and the val lines
+
+
+# What a resumed run may change: none of them changes the batches or the math
+MAY_CHANGE = {"val_files", "val_tokens", "val_every", "compile_steps", "log_dir",
+              "checkpoint_every", "save_checkpoint", "resume", "kernels"}
+
+
+def another_value(value):
+    """A value of the type of `value` that differs from it."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, tuple):
+        return (*value, 1)
+    return value + ("x" if isinstance(value, str) else 1)
+
+
+def test_a_resume_refuses_every_other_field_changed(tmp_path):
+    """Each field but those that may change, changed alone, is refused by name."""
+    args = train_gpt.parse_args(SIX)
+    saved = dict(hyperparameters=dataclasses.asdict(args), world_size=1)
+    torch.save(saved, tmp_path / "state.pt")
+    assert train_gpt.MAY_CHANGE_ON_RESUME == MAY_CHANGE
+    for field in dataclasses.fields(train_gpt.Hyperparameters):
+        changed = dataclasses.replace(args, **{field.name: another_value(getattr(args,
+                                                                                 field.name))})
+        if field.name in MAY_CHANGE:
+            assert train_gpt.load_checkpoint(str(tmp_path / "state.pt"), changed, 1) == saved
+        else:
+            with pytest.raises(UserError, match=rf"different configuration: {field.name} "
+                                                r"\(checkpoint "):
+                train_gpt.load_checkpoint(str(tmp_path / "state.pt"), changed, 1)
+    with pytest.raises(UserError, match=r"configuration: world_size \(checkpoint 1, now 2\)\."):
+        train_gpt.load_checkpoint(str(tmp_path / "state.pt"), args, 2)
+
+
+def test_a_signal_to_one_rank_in_the_compile_steps_stops_every_rank(tmp_path):
+    """Rank 1 alone has SIGTERM in compile step 2 of 3; both ranks read it after that step."""
+    result = torchrun("sigterm:2", tmp_path, SIX + ["--compile_steps=3"], timeout=120)
+    assert result.returncode != 0
+    message = ("interrupted in the compile steps, before training began (its run id stays "
+               "free); no checkpoint was written (--checkpoint_every=K writes one every K steps)")
+    assert result.stderr.count(message) == 2, result.stderr[-3000:]  # each rank's exit message
+    (log,) = tmp_path.glob("*-*.txt")
+    assert log.read_text().splitlines()[-1] == message
+
+
+def test_ctrl_c_in_the_compile_steps_of_a_resumed_run_names_its_checkpoint(straight, tmp_path):
+    result = run_worker("sigint:2", tmp_path, SIX + [f"--resume={checkpoint(straight, 3)}",
+                                                     "--compile_steps=3"])
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"interrupted in the compile steps, before training began (its run id stays free); "
+        f"continue with --resume={checkpoint(straight, 3)}")
+
+
+def test_a_resume_under_other_code_says_so_with_each_codes_digest(straight, tmp_path):
+    """A fix mid-run is allowed; the log names the code on each side, as sha256sum gives it."""
+    digest = subprocess.run(["sha256sum", train_gpt.__file__], capture_output=True, text=True,
+                            check=True).stdout[:12]
+    state = torch.load(checkpoint(straight, 3), weights_only=True)
+    assert state["code"] == digest
+    main(SIX + [f"--log_dir={tmp_path / 'same'}", f"--resume={checkpoint(straight, 3)}"])
+    assert "\nthe checkpoint's run ran other code" not in next(
+        (tmp_path / "same").glob("*.txt")).read_text()
+    state["code"] = "0123456789ab"
+    torch.save(state, tmp_path / "edited.pt")
+    main(SIX + [f"--log_dir={tmp_path / 'other'}", f"--resume={tmp_path / 'edited.pt'}"])
+    lines = next((tmp_path / "other").glob("*.txt")).read_text().splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("resuming from ")))
+    assert lines[at + 1] == (f"the checkpoint's run ran other code: its script's SHA-256 begins "
+                             f"0123456789ab, this one's {digest}")
+
 
 def test_a_resume_from_the_log_folder_names_the_run_folders_in_it(straight, tmp_path):
     """Checkpoints are kept in <log_dir>/<run id>/: given <log_dir>, the script names those."""

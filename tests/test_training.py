@@ -160,6 +160,19 @@ def test_a_launcher_learns_what_every_process_would_refuse(world_size, argv, ref
     assert train_gpt.launch_refusal(world_size, argv) == refusal
 
 
+@pytest.mark.parametrize("world_size, sequences", [
+    (1, "4 sequence(s) of 256 tokens per rank per step"),
+    (2, "2 sequence(s) of 256 tokens per rank per step"),
+    (8, "1 sequence(s) of 128 tokens per rank per step (shorter than --micro_batch_size: a "
+        "different run from the reference)")])
+def test_the_header_says_how_each_rank_splits_its_share(world_size, sequences, tmp_path):
+    args = parse_args(TINY + ["--batch_size=1024"])
+    log = train_gpt.RunLog(str(tmp_path / "run.txt"), writes=True)
+    model = train_gpt.build_model(args, torch.device("cpu"))[0]
+    train_gpt.log_run_header(log, args, world_size, [], [], model)
+    assert f"\nworld size {world_size}: {sequences}\n" in (tmp_path / "run.txt").read_text()
+
+
 @pytest.mark.parametrize("shard_tokens", [1024, 1025, 1026, 1027])
 def test_the_val_shard_check_agrees_with_the_loader(shard_tokens, tmp_path):
     """Validation reads val_tokens inputs and one more target; the loader leaves (here: wraps
