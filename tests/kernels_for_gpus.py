@@ -11,7 +11,8 @@ torch reports on such a GPU), and
   matrix product runs on Hopper's tensor-core instruction (wgmma), the stages of its pipeline of
   copies, the bytes of local memory (spills and stack) that ptxas reports, and the order of its
   global loads (L), stores (S) and barriers between the warps (B) in the PTX, repeats merged:
-  what orders one warp's memory against another's.
+  what orders one warp's memory against another's; and how many of those loads and stores
+  inside its loops run without a predicate, the form that a Triton mask takes.
 The interpreter runs a kernel's Python; only the compiler shows what a GPU build holds. Run
 without TRITON_INTERPRET, which would make the kernels the interpreter's.
 """
@@ -91,6 +92,22 @@ def memory_order(ptx):
     return re.sub(r"(.)\1+", r"\1", order)
 
 
+def unmasked_in_loops(ptx):
+    """How many of the PTX's global loads and stores (ld.global, st.global; not the MLP's
+    asynchronous copies) inside its loops, from a label to a branch back to it, no predicate
+    guards. Triton makes a load's or a store's mask its predicate: a kernel whose blocks reach
+    past the end of its rows must have none."""
+    lines = ptx.splitlines()
+    labels = {match[1]: i for i, line in enumerate(lines)
+              if (match := re.match(r"(\$\w+):", line))}
+    inside = set()
+    for i, line in enumerate(lines):
+        branch = re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", line)
+        if branch and labels.get(branch[1], i) < i:
+            inside.update(range(labels[branch[1]], i))
+    return sum(bool(re.match(r"\s*(?:ld|st)\.global", lines[i])) for i in inside)
+
+
 def takes(model, capability, max_shared):
     """What use_kernels gives `model` on a GPU of `capability`: ({kernel: "kernel" or "recipe"},
     {kernel: its launch setting, where it takes the kernel})."""
@@ -128,7 +145,8 @@ def main():
                     need=(train_gpt.mlp_shared_memory(setting["num_stages"], capability // 10)
                           if kernel == "mlp" else None),
                     wgmma="wgmma" in ptx, stages=max(map(int, buffers), default=1),
-                    local_bytes=local_memory(ptx, capability), memory_order=memory_order(ptx)))
+                    local_bytes=local_memory(ptx, capability), memory_order=memory_order(ptx),
+                    unmasked_in_loops=unmasked_in_loops(ptx)))
         results[capability] = dict(gpus=gpus, max_shared=max_shared, takes=took, builds=builds)
     print(json.dumps(results))
 

@@ -258,21 +258,26 @@ def test_batch_that_the_world_size_does_not_divide(tmp_path):
         DistributedDataLoader(pattern, 0, 8).next_batch(100)
 
 
+# in the second batch of shard 1 (positions 128-256): inside rank 1's slice; at the batch's end
+@pytest.mark.parametrize("at", [150, 256])
 @pytest.mark.parametrize("bad", [50257, 50303, 65535])
-def test_ids_past_the_vocabulary_stop_every_rank_naming_the_place(bad, tmp_path):
+def test_ids_past_the_vocabulary_stop_every_rank_naming_the_place(bad, at, tmp_path):
     """A compiled model cannot check its inputs: the loader does, on the whole batch, so that
-    every rank stops, not only the one whose slice holds the id."""
+    every rank stops, not only the one whose slice holds the id. The batch's last token is the
+    last rank's last target and no rank's input: on a GPU it would reach the head's kernel."""
     shards, pattern = make_shards(tmp_path, [300, 300])
-    shards[1][150] = bad  # in the second batch of shard 1, in rank 1's slice
+    shards[1][at] = bad
     write_shard(tmp_path / "train_000001.bin", shards[1])
     loaders = [DistributedDataLoader(pattern, rank, 2) for rank in range(2)]
     for _ in range(3):  # shard 0's two batches, and shard 1's first (positions 0-128)
         for loader in loaders:
             loader.next_batch(128)
     for loader in loaders:
-        with pytest.raises(UserError, match=rf"train_000001\.bin: token 150 is {bad}, not a "
-                                            rf"GPT-2 id below 50257; download the shards"):
+        with pytest.raises(UserError) as stopped:
             loader.next_batch(128)
+        assert str(stopped.value) == (
+            f"{tmp_path / 'train_000001.bin'}: token {at} is {bad}, not a GPT-2 id below 50257; "
+            f"download the shards with `python data/cached_fineweb10B.py 8`")
 
 
 def test_a_larger_vocabulary_takes_larger_ids(tmp_path):

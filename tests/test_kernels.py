@@ -269,8 +269,7 @@ def test_evaluation_takes_the_loss_alone(monkeypatch):
 MLP_SHAPE = dict(tokens=1280, dim=128, hidden=512)
 
 
-def mlp_inputs(hidden=MLP_SHAPE["hidden"], tokens=MLP_SHAPE["tokens"]):
-    dim = MLP_SHAPE["dim"]
+def mlp_inputs(hidden=MLP_SHAPE["hidden"], tokens=MLP_SHAPE["tokens"], dim=MLP_SHAPE["dim"]):
     x = randn(tokens, dim, seed=3)
     w_fc = randn(hidden, dim, scale=dim ** -0.5, seed=4)
     w_proj = randn(dim, hidden, scale=hidden ** -0.5, seed=5)
@@ -408,6 +407,31 @@ def test_a_model_width_whose_products_the_tiles_do_not_split_takes_the_recipe():
         assert runs_as(model)[1] == (expected if train_gpt.triton else "recipe"), model_dim
 
 
+@needs_triton
+def test_a_width_of_3_steps_of_64_takes_the_mlp_kernel_which_computes_its_mlp():
+    """A width of 192 (hidden 768, 3 tiles) is 3 of the tiles' 64-wide steps, though not a
+    whole number of their 128 rows, which only a sequence's 128-token blocks need be: the MLP's
+    kernel, whose output and gradients on one block of tokens are about as close to fp64 as
+    torch's. Widths of 128 and 256 are whole numbers of both, so they cannot tell the width's
+    check from the rows'."""
+    model = small_model(model_dim=192, embed_dtype=torch.bfloat16)
+    use_kernels(model, torch.device(DEVICE))
+    assert runs_as(model) == ("kernel", "kernel")
+    inputs = mlp_inputs(hidden=768, tokens=128, dim=192)
+    grad_out = randn(128, 192, seed=7)
+    exact = [t.double().requires_grad_() for t in inputs]
+    exact_out = relu_square_mlp(*exact)
+    exact_out.backward(grad_out.double())
+    errors = []
+    for mlp in (model.blocks[0].mlp.relu_square_mlp, relu_square_mlp):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        out = mlp(*leaves)
+        out.backward(grad_out)
+        errors.append([relative_error(out, exact_out.detach()),
+                       *(relative_error(t.grad, e.grad) for t, e in zip(leaves, exact))])
+    assert max(errors[0]) < 3 * max(errors[1]), errors
+
+
 def test_a_width_the_tiles_do_not_split_takes_the_recipe_where_the_hidden_units_split():
     """A copy's MLP of 768 hidden units (3 whole tiles) on a width of 96 (not a multiple of the
     tiles' 64): the recipe, which computes it, where the kernel would refuse the product."""
@@ -480,7 +504,10 @@ def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_tha
     build orders its memory between the warps: loads of the target and its logit, a barrier,
     the row's loads and stores, the sum's barrier, the row's scale and target's share, a
     barrier, the target's 0 (the interpreter, running one program at a time, cannot show a
-    race)."""
+    race). Each of the head's builds loads and stores the row under its masks, as predicated
+    instructions: the last block of 2,048 columns reaches 896 past the row's 50,304, and the
+    last row's past the chunk's logits, where the interpreter reads without a fault and a GPU
+    may not (the sum drops those columns, so no result shows an unmasked load)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(GPU_BUILDS)], capture_output=True, text=True,
                             env=env | {"TRITON_CACHE_DIR": str(tmp_path)}, timeout=300)
@@ -495,6 +522,7 @@ def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_tha
                 assert build["need"] <= target["max_shared"], where
             else:
                 assert build["need"] is None and build["shared_bytes"] <= 1024, where
+                assert build["unmasked_in_loops"] == 0, where
             assert build["local_bytes"] == 0, where
         assert target["takes"] == dict(head="kernel", mlp="kernel"), capability
         (training,) = [build["memory_order"] for build in target["builds"]
@@ -536,3 +564,17 @@ def test_the_mlp_kernel_takes_the_deepest_pipeline_that_fits(gpu, stages, monkey
     model = small_model(embed_dtype=torch.bfloat16)
     use_kernels(model, torch.device("cuda", 0))
     assert model.blocks[0].mlp.relu_square_mlp.keywords == dict(num_stages=stages)
+
+
+@needs_triton
+def test_the_log_names_the_pipeline_that_the_gpu_takes(monkeypatch):
+    """On a 99 KB GPU (an RTX 3090) the log's line of what runs names the MLP kernel's 3 stages,
+    the pipeline it launches, not the list of depths it chose from."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: StandInGPU(8, 101_376))
+    model = small_model(embed_dtype=torch.bfloat16)
+    use_kernels(model, torch.device("cuda", 0))
+    assert what_runs(model) == {
+        "head": "the head kernel (Triton, {'BLOCK': 2048, 'num_warps': 4})",
+        "mlp": "the MLP kernel (Triton, {'BLOCK_M': 128, 'BLOCK_N': 256, 'BLOCK_K': 64, "
+               "'GROUP_M': 8, 'num_warps': 8}, {'num_stages': 3})"}
