@@ -25,6 +25,14 @@ to both scripts alike. A short run is enough to compare steps, e.g. on the synth
 
 A step_avg compares only with runs of the same length, since the attention window grows with a
 run's progress: if the two scripts run different numbers of steps, a warning says so.
+
+Comparing code is its job, and the code may change a default or a preset, so that the same
+overrides give the two scripts other hyperparameters: a line names those that their logs give
+differently (e.g. "model_dim 128 -> 64", baseline -> attempt), and compare.json holds them as
+hyperparameters_differ, {"model_dim": [128, 64]}, empty where they are alike or where a log has
+no hyperparameters line. The seed and where a run's files go (log_dir, which compare.py sets per
+run, among them) do not count, as records/summarize.py does not count them: benchmarks/alike.py
+reads them for both.
 """
 import argparse
 import json
@@ -36,6 +44,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from alike import described, differing, hyperparameters
 
 # The final step's lines: step:N/N ... step_avg:12.34ms (the train line, then the val line).
 FINAL_STEP = re.compile(r"^step:(\d+)/\1 .*step_avg:([\d.]+)ms", re.MULTILINE)
@@ -73,8 +83,8 @@ def command(script, nproc, log_dir, overrides):
 
 
 def run_once(script, nproc, log_dir, overrides, env):
-    """Run the script to its end and return (its final step_avg, its steps, its final val loss);
-    its output goes to log_dir/output.txt."""
+    """Run the script to its end and return (its final step_avg, its steps, its final val loss,
+    its logged hyperparameters or None); its output goes to log_dir/output.txt."""
     log_dir.mkdir(parents=True)
     output = log_dir / "output.txt"
     with open(output, "w") as out:
@@ -88,7 +98,7 @@ def run_once(script, nproc, log_dir, overrides, env):
     if len(logs) != 1:
         raise SystemExit(f"{script} left {len(logs)} log files in {log_dir}, not 1 (was it "
                          f"given --log_dir?); its output is in {output}")
-    return final_step(logs[0])
+    return (*final_step(logs[0]), hyperparameters(logs[0].read_text(errors="replace")))
 
 
 def spread(values):
@@ -117,10 +127,12 @@ def compare(baseline, attempt, runs, nproc, out, overrides):
     for i in range(1, runs + 1):
         for label, script in scripts.items():
             started = time.perf_counter()
-            step_avg, n, val_loss = run_once(script, nproc, out / f"{label}_{i}", overrides, env)
+            step_avg, n, val_loss, logged = run_once(script, nproc, out / f"{label}_{i}",
+                                                     overrides, env)
             measured[label]["step_avgs"].append(step_avg)
             measured[label]["steps"].add(n)
             measured[label]["val_losses"].append(val_loss)
+            measured[label].setdefault("hyperparameters", logged)  # a script's runs log alike
             print(f"{label} run {i}/{runs} ({script}): step_avg {step_avg:.2f}ms over {n} "
                   f"steps, val loss {val_loss:.4f}, {time.perf_counter() - started:.0f}s in all",
                   flush=True)
@@ -129,6 +141,9 @@ def compare(baseline, attempt, runs, nproc, out, overrides):
                                     measured[label]["val_losses"]))
               for label, script in scripts.items()}
     result.update(runs=runs, nproc_per_node=nproc, overrides=overrides)
+    # the same overrides for both: what differs comes from the scripts' defaults and presets
+    result["hyperparameters_differ"] = differing(measured["baseline"]["hyperparameters"],
+                                                 measured["attempt"]["hyperparameters"])
     a, b = result["baseline"], result["attempt"]
     result["ratio"] = b["mean_ms"] / a["mean_ms"]
     # one run each has no spread to measure a difference against
@@ -158,6 +173,9 @@ def report(result):
     larger = "" if result["larger_spread_ms"] is None else f", {result['larger_spread_ms']:.2f}ms"
     print(f"attempt / baseline: {result['ratio']:.4f} ({b['mean_ms'] - a['mean_ms']:+.2f}ms per "
           f"step); {verdict}{larger}")
+    if result["hyperparameters_differ"]:
+        print(f"the scripts ran with other hyperparameters, baseline -> attempt: "
+              f"{', '.join(described(result['hyperparameters_differ']))}")
     if a["steps"] != b["steps"]:
         print(f"warning: the runs took {a['steps']} and {b['steps']} steps; the attention window "
               f"grows with a run's progress, so their step_avg differ by that too")

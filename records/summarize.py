@@ -11,9 +11,18 @@ training time and the mean time per step. A result claims the target only with p
 statistics cover the finished runs alone: a log without its final validation (a run that diverged,
 crashed or was killed) is counted and named under its folder, and left out of them, which favours
 the runs that survived. A stopped run that a later log continues (--resume, which logs the run it
-continues) is named with that log, which counts it once; runs of different lengths in one folder are
-said to mix configurations. The 2025-01-04 record's figures, from reference_2025-01-04.json beside
-this file, come last, for comparison.
+continues) is named with that log, which counts it once. The 2025-01-04 record's figures, from
+reference_2025-01-04.json beside this file, come last, for comparison.
+
+Only runs that are alike are averaged together: the same planned steps, the same hyperparameters
+logged but for those that runs of one result may differ in (the seed, and where checkpoints go or
+come from and the log goes: log_dir, resume, checkpoint_every, save_checkpoint), and the same code
+at the top of the log. A log without a hyperparameters line or without the code (the record
+format's) compares by what it has. Where a folder's finished runs are of several configurations,
+each has its row of figures, the one with the most runs first; then a line for each of the others
+says what sets it apart from the first (the hyperparameters that differ, with both values, and
+"the code" where the code differs) and names its logs. benchmarks/alike.py, which compare.py
+shares, reads these.
 
 Compare the time per step with the record's: its clock left out its first 10 steps (148.08 ms =
 204,345 ms / 1,380 steps), train_gpt.py's counts all of them.
@@ -36,6 +45,10 @@ from scipy import stats
 
 matplotlib.use("Agg")  # draws to files; no display needed
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
+
+# what makes runs alike, read as compare.py reads it, from beside compare.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from alike import code, described, differing, hyperparameters  # noqa: E402
 
 TARGET = 3.28
 HERE = Path(__file__).resolve().parent
@@ -80,11 +93,64 @@ def p_below_target(losses):
     return float(stats.ttest_1samp(losses, TARGET, alternative="less").pvalue)
 
 
+def configuration(path, steps):
+    """What a finished run's log says makes it the run it is: its planned steps, its
+    hyperparameters (less those that may differ between runs of one result, alike.MAY_DIFFER)
+    and its code; the last two None where the log does not give them."""
+    text = Path(path).read_text(errors="replace")
+    return dict(steps=steps, hyperparameters=hyperparameters(text), code=code(text))
+
+
+def differences(a, b):
+    """What sets configuration b apart from a, in words ("num_layers 4 -> 8", "the code");
+    empty where they are alike: the same planned steps, and the same hyperparameters and code
+    where both logs give them. A log without them compares by what it has."""
+    changed = differing(a["hyperparameters"], b["hyperparameters"])
+    words = described(changed)
+    if a["steps"] != b["steps"] and "num_iterations" not in changed:  # else said by that
+        words.insert(0, f"the planned steps {a['steps']} -> {b['steps']}")
+    if None not in (a["code"], b["code"]) and a["code"] != b["code"]:
+        words.append("the code")
+    return words
+
+
+def configurations(finished):
+    """The finished runs, {log name: configuration}, grouped into alike runs: a list of
+    (configuration, log names), the most runs first. The logs that give the most are grouped
+    first, so that a log that gives less (a record-format log has no hyperparameters line) joins
+    the first group it is alike with as far as it goes; it fills in what that group lacked."""
+    groups = []
+    for name in sorted(finished, key=lambda n: (list(finished[n].values()).count(None), n)):
+        config = finished[name]
+        group = next((g for g in groups if not differences(g[0], config)), None)
+        if group is None:
+            groups.append((dict(config), [name]))
+            continue
+        group[0].update({key: value for key, value in config.items() if group[0][key] is None})
+        group[1].append(name)
+    return sorted(((config, sorted(names)) for config, names in groups), key=lambda g: -len(g[1]))
+
+
+def figures(results):
+    """Over finished runs, a list of (final val loss, train time in ms, steps): the mean and
+    standard deviation of the final loss, its p-value against 3.28, the mean training time and
+    the mean time per step; NaN where there are no runs (or, for the std, one)."""
+    losses = np.array([loss for loss, _, _ in results])
+    nan = float("nan")
+    return dict(mean=losses.mean() if results else nan,
+                std=losses.std(ddof=1) if len(losses) > 1 else nan,
+                p=p_below_target(losses),
+                time_s=np.mean([ms for _, ms, _ in results]) / 1e3 if results else nan,
+                step_ms=np.mean([ms / steps for _, ms, steps in results]) if results else nan)
+
+
 def summarize(folder):
-    """Per-folder numbers as a dict: over the finished runs; the logs of runs that did not
-    finish; and the logs of runs that did not finish but that a later log continues (with
-    --resume, in a run of its own that names the one it continues); and the numbers of steps the
-    finished runs planned (`lengths`). None when the folder holds no run log."""
+    """Per-folder numbers as a dict: the number of finished runs; the logs of runs that did not
+    finish; the logs of runs that did not finish but that a later log continues (with --resume,
+    in a run of its own that names the one it continues); the finished runs' `configurations`,
+    each a dict of its logs, its figures and how it `differs` from the first (the one with the
+    most runs); and the figures over all finished runs, which are NaN where they are of several
+    configurations: such runs are not averaged together. None when the folder holds no run log."""
     logs = run_logs(folder)
     if not logs:
         return None
@@ -93,18 +159,16 @@ def summarize(folder):
                  for run_id in RESUMED.findall(path.read_text(errors="replace"))
                  if f"{run_id}.txt" != path.name}  # a restart by torchrun goes on in its own log
     stopped = [name for name, result in results.items() if result is None]
-    finished = [result for result in results.values() if result]
-    losses = np.array([loss for loss, _, _ in finished])
-    nan = float("nan")
-    return dict(folder=str(folder), runs=len(losses),
+    finished = {name: result for name, result in results.items() if result}
+    groups = configurations({path.name: configuration(path, finished[path.name][2])
+                             for path in logs if path.name in finished})
+    configs = [dict(logs=names, runs=len(names), differs=differences(groups[0][0], config),
+                    **figures([finished[name] for name in names])) for config, names in groups]
+    return dict(folder=str(folder), runs=len(finished),
                 unfinished=[name for name in stopped if name not in continued],
                 continued={name: continued[name] for name in stopped if name in continued},
-                mean=losses.mean() if finished else nan,
-                std=losses.std(ddof=1) if len(losses) > 1 else nan,
-                p=p_below_target(losses),
-                lengths=sorted({steps for _, _, steps in finished}),
-                time_s=np.mean([ms for _, ms, _ in finished]) / 1e3 if finished else nan,
-                step_ms=np.mean([ms / steps for _, ms, steps in finished]) if finished else nan)
+                configurations=configs,
+                **figures(list(finished.values()) if len(configs) == 1 else []))
 
 
 def load_reference(path=REFERENCE):
@@ -162,6 +226,30 @@ def check_plot_path(path, parser):
                      f"name with one of them, e.g. curves.png")
 
 
+def print_figures(label, s):
+    """One row of the table: the figures of `s`, a folder's or a configuration's."""
+    verdict = "met" if s["p"] < 0.01 else "not shown"
+    print(f"{label:<40} {s['runs']:>4} {s['mean']:>9.4f} {s['std']:>7.4f} {s['p']:>9.2g} "
+          f"{s['time_s']:>10.1f}s {s['step_ms']:>7.2f}ms  {verdict}")
+
+
+def listed(words):
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def print_configurations(name, s):
+    """A folder whose finished runs are of several configurations: a row for each, then for each
+    but the first (the most runs; the rest), what sets it apart from the first and its logs."""
+    configs = s["configurations"]
+    print(f"{name:<40} {s['runs']:>4}  finished runs of {len(configs)} configurations, not "
+          f"averaged together:")
+    for i, config in enumerate(configs, 1):
+        print_figures(f"  config {i}", config)
+    for i, config in enumerate(configs[1:], 2):
+        print(f"  config {i} differs from config 1 in {listed(config['differs'])}: "
+              f"{', '.join(config['logs'])}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folders", nargs="*", type=Path,
@@ -182,15 +270,12 @@ def main(argv=None):
         if s is None:
             print(f"{folder.name:<40} no run logs")
             continue
-        if s["runs"]:
-            verdict = "met" if s["p"] < 0.01 else "not shown"
-            print(f"{folder.name:<40} {s['runs']:>4} {s['mean']:>9.4f} {s['std']:>7.4f} "
-                  f"{s['p']:>9.2g} {s['time_s']:>10.1f}s {s['step_ms']:>7.2f}ms  {verdict}")
+        if len(s["configurations"]) == 1:
+            print_figures(folder.name, s)
+        elif s["configurations"]:
+            print_configurations(folder.name, s)
         else:
             print(f"{folder.name:<40} {0:>4}  no finished runs")
-        if len(s["lengths"]) > 1:
-            print(f"  the finished runs planned {' and '.join(map(str, s['lengths']))} steps: "
-                  f"the mean mixes configurations")
         if s["unfinished"]:
             print(f"  {len(s['unfinished'])} of {s['runs'] + len(s['unfinished'])} runs did "
                   f"not finish, left out: {', '.join(s['unfinished'])}")

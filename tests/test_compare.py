@@ -15,8 +15,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import compare  # noqa: E402
 
 # A stand-in for a training script: it notes its name, arguments and world size, and writes a
-# log whose final step_avg and val loss are the next of its STEP_AVGS and VAL_LOSSES; and the
-# allocator setting it was given.
+# log whose final step_avg and val loss are the next of its STEP_AVGS and VAL_LOSSES, after a
+# hyperparameters line with its log_dir where it has HYPERPARAMETERS; and the allocator setting
+# it was given.
 STAND_IN = """import os, sys
 from pathlib import Path
 log_dir = Path(next(a for a in sys.argv if a.startswith("--log_dir="))[len("--log_dir="):])
@@ -26,7 +27,9 @@ if os.environ.get("RANK", "0") == "0":
     (log_dir / "GLIBC_TUNABLES").write_text(os.environ.get("GLIBC_TUNABLES", "unset"))
     n = (log_dir.parent / "order.txt").read_text().split().count(NAME)
     ms, loss = STEP_AVGS[n - 1], VAL_LOSSES[n - 1]
+    logged = dict(HYPERPARAMETERS or {}, log_dir=str(log_dir))
     (log_dir / "0f1e.txt").write_text(
+        ("" if HYPERPARAMETERS is None else f"hyperparameters: {logged}\\n") +
         "step:0/5 val_loss:10.8258 train_time:0ms step_avg:0.00ms\\n"
         f"step:4/5 train_time:1ms step_avg:999.00ms train_loss:3.1\\n"
         f"step:5/5 train_time:{5 * ms:.0f}ms step_avg:{ms + 0.4:.2f}ms train_loss:3.0\\n"
@@ -43,11 +46,11 @@ if int(os.environ.get("RANK", 0)) == int(os.environ.get("WORLD_SIZE", 1)) - 1:
 """
 
 
-def stand_in(folder, name, step_avgs, val_losses=None, fail=False):
+def stand_in(folder, name, step_avgs, val_losses=None, fail=False, hyperparameters=None):
     path = folder / f"{name}.py"
     val_losses = val_losses or [3.2] * len(step_avgs)
     path.write_text(f"NAME, STEP_AVGS, VAL_LOSSES = {name!r}, {step_avgs!r}, {val_losses!r}\n"
-                    + (FAILING if fail else STAND_IN))
+                    f"HYPERPARAMETERS = {hyperparameters!r}\n" + (FAILING if fail else STAND_IN))
     return path
 
 
@@ -73,10 +76,11 @@ def test_alternating_runs_compared_by_hand(tmp_path, capsys):
                                      val_loss_spread=pytest.approx(0.004))
     assert result["ratio"] == pytest.approx(0.892157, abs=1e-6)
     assert result["exceeds_spread"] is True
+    assert result["hyperparameters_differ"] == {}  # no hyperparameters line: nothing to compare
     assert json.loads((out / "compare.json").read_text()) == result
     text = capsys.readouterr().out
     assert "attempt / baseline: 0.8922 (-11.00ms per step); larger than the larger spread, " \
-           "4.00ms" in text and "warning" not in text
+           "4.00ms" in text and "warning" not in text and "other hyperparameters" not in text
     assert "baseline" in text and "step_avg 102.00ms, spread 4.00ms over 3 runs" in text
     assert "; final val loss 3.3020, spread 0.0040 (3.3000, 3.3040, 3.3020)" in text
     assert "attempt run 3/3 (" in text and "step_avg 92.00ms over 5 steps, val loss 3.3020" in text
@@ -122,6 +126,40 @@ def test_the_suites_own_process_keeps_freed_memory_unless_the_user_set_the_alloc
     assert result.returncode == 0, result.stderr[-3000:]
     pages = int(result.stdout)
     assert least <= pages <= (most or pages), pages
+
+
+SMOKE = dict(num_layers=4, num_heads=2, model_dim=128, no_attention_layers=(), seed=0,
+             checkpoint_every=0, kernels=True)  # a part of the smoke preset's hyperparameters
+
+
+@pytest.mark.parametrize("baseline, attempt, differ", [
+    (None, None, {}),  # no hyperparameters line: nothing to compare
+    (SMOKE, None, {}),
+    (SMOKE, dict(SMOKE, seed=1, checkpoint_every=50), {}),  # and their log_dirs differ
+    (dict(SMOKE, model_dim=64), SMOKE, {"model_dim": [64, 128]}),
+    ({k: v for k, v in SMOKE.items() if k != "kernels"}, dict(SMOKE, no_attention_layers=(1,)),
+     {"no_attention_layers": [(), (1,)], "kernels": [None, True]}),
+])
+def test_the_hyperparameters_that_differ_are_named(baseline, attempt, differ, tmp_path, capsys):
+    """Two scripts whose presets differ: a line and a field of compare.json name the
+    hyperparameters that differ, but not the seed, nor where files go (compare.py gives each run
+    a log_dir of its own)."""
+    a = stand_in(tmp_path, "a", [100.0, 101.0], hyperparameters=baseline)
+    b = stand_in(tmp_path, "b", [99.0, 100.0], hyperparameters=attempt)
+    out = tmp_path / "out"
+    result = compare.main([str(a), str(b), "--runs=2", f"--out={out}"])
+    assert result["hyperparameters_differ"] == differ
+    saved = json.loads((out / "compare.json").read_text())["hyperparameters_differ"]
+    assert saved == {name: [list(v) if isinstance(v, tuple) else v for v in values]
+                     for name, values in differ.items()}  # JSON keeps a tuple as a list
+    line = {0: None, 1: "model_dim 64 -> 128",
+            2: "no_attention_layers () -> (1,), kernels not logged -> True"}[len(differ)]
+    text = capsys.readouterr().out
+    if line is None:
+        assert "other hyperparameters" not in text
+    else:  # after the verdict
+        assert "within the larger spread, 1.00ms\nthe scripts ran with other hyperparameters, " \
+               f"baseline -> attempt: {line}\n" in text
 
 
 def test_a_difference_within_the_spread_is_said_to_be(tmp_path, capsys):

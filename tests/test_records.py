@@ -1,5 +1,5 @@
-"""records/summarize.py: the t-test against closed forms and tables, the per-folder summary, the
-reference data, and the plot, read back pixel by pixel."""
+"""records/summarize.py: the t-test against closed forms and tables, the per-folder summary, its
+configurations of alike runs, the reference data, and the plot, read back pixel by pixel."""
 import math
 import re
 import sys
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "records"))
-from summarize import (COLOURS, HERE, final_result, load_reference, main,  # noqa: E402
-                       p_below_target, plot, summarize, val_curve)
+from summarize import (COLOURS, HERE, code, final_result, hyperparameters,  # noqa: E402
+                       load_reference, main, p_below_target, plot, summarize, val_curve)
 
 
 def losses_with_t(t, n):
@@ -41,13 +41,47 @@ def test_no_p_value_without_a_spread():
     assert math.isnan(p_below_target([3.27])) and math.isnan(p_below_target([3.27, 3.27]))
 
 
-def write_log(folder, name, final_loss, train_ms, steps=1390):
+def write_log(folder, name, final_loss, train_ms, steps=1390, code=None):
+    """A record-format log: step lines, no hyperparameters line; `code` above a line of 100 "="
+    where given (as the record's own logs have it), else a line of code alone."""
     lines = [f"step:0/{steps} val_loss:10.8258 train_time:0ms step_avg:0.00ms",
              f"step:{steps}/{steps} train_time:{train_ms}ms step_avg:1.00ms train_loss:3.3",
              f"step:{steps}/{steps} val_loss:{final_loss:.4f} train_time:{train_ms}ms "
              f"step_avg:1.00ms", "peak memory consumption: 31563 MiB"]
     folder.mkdir(exist_ok=True)
-    (folder / name).write_text("print('source code of the run')\n" + "\n".join(lines) + "\n")
+    head = "print('source code of the run')\n" if code is None else code + "=" * 100 + "\n"
+    (folder / name).write_text(head + "\n".join(lines) + "\n")
+
+
+# train_gpt.py's smoke preset as its log gives the hyperparameters (a dict's repr)
+SMOKE = dict(train_files="data/shakespeare/shakespeare_train_*.bin",
+             val_files="data/shakespeare/shakespeare_val_*.bin", val_tokens=8192, batch_size=1024,
+             micro_batch_size=512, vocab_size=50257, num_layers=4, num_heads=2, model_dim=128,
+             no_attention_layers=(), softcap=15.0, num_iterations=150, cooldown_frac=0.4,
+             embed_lr=0.6, head_lr=0.008, scalar_lr=0.04, muon_lr=0.05, val_every=50,
+             compile_steps=0, seed=0, log_dir="logs", checkpoint_every=0, save_checkpoint=False,
+             resume="", kernels=True)
+SCRIPT = "import torch\nprint('the training script')\n"
+
+
+def log_header(code=SCRIPT, **changes):
+    """The top of a log as train_gpt.py writes it: the script's code, the line of 100 "=", then
+    the header with the hyperparameters, the smoke preset's but for `changes`."""
+    return (f"{code}{'=' * 100}\nPython 3.11.7, PyTorch 2.11.0+cu130, CUDA none (CPU run)\n"
+            f"hyperparameters: {dict(SMOKE, **changes)}\n"
+            f"world size 1: 2 sequence(s) of 512 tokens per rank per step\n")
+
+
+def write_run(folder, name, final_loss, train_ms, code=SCRIPT, **changes):
+    """A finished run's log as train_gpt.py writes it, of num_iterations steps (the preset's 150
+    unless changed)."""
+    steps = changes.get("num_iterations", SMOKE["num_iterations"])
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(
+        log_header(code, **changes) + f"step:0/{steps} val_loss:10.8258 train_time:0ms "
+        f"step_avg:0.00ms\nstep:{steps}/{steps} train_time:{train_ms}ms step_avg:1.00ms "
+        f"train_loss:3.3\nstep:{steps}/{steps} val_loss:{final_loss:.4f} train_time:{train_ms}ms "
+        f"step_avg:1.00ms\npeak memory consumption: 1503 MiB\n")
 
 
 def test_summary_of_a_folder(tmp_path, capsys):
@@ -209,12 +243,143 @@ def test_a_folder_is_found_by_its_listed_name_and_a_bad_one_refused(tmp_path, mo
         f"error: nothere: no such folder, here or under {HERE}\n")
 
 
-def test_runs_of_different_lengths_are_said_to_mix(tmp_path, capsys):
+def test_runs_of_different_lengths_are_not_averaged_together(tmp_path, capsys):
+    """Record-format logs have their planned steps alone to compare by."""
     write_log(tmp_path, "short.txt", 6.2, 1_000, steps=10)
     write_log(tmp_path, "long.txt", 5.5, 70_000, steps=150)
+    s = summarize(tmp_path)
+    assert s["runs"] == 2 and math.isnan(s["mean"]) and math.isnan(s["time_s"])
     main([str(tmp_path)])
-    assert "\n  the finished runs planned 10 and 150 steps: the mean mixes configurations\n" in \
-        capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"{tmp_path.name:<40}    2  finished runs of 2 configurations, not averaged "
+                     f"together:")
+    assert lines[at + 1:at + 4] == [  # by hand: 70 s / 150 steps, 1 s / 10 steps
+        "  config 1                                  1    5.5000     nan       nan       70.0s "
+        " 466.67ms  not shown",
+        "  config 2                                  1    6.2000     nan       nan        1.0s "
+        " 100.00ms  not shown",
+        "  config 2 differs from config 1 in the planned steps 150 -> 10: short.txt"]
+
+
+def test_runs_of_other_configurations_are_not_averaged_together(tmp_path, capsys):
+    """Runs of 4 layers, of 8 layers and of other code (an extra loss term): each configuration
+    has its own figures, and the line that names its logs says how it differs. Runs that differ
+    in their seed and where their files go are alike."""
+    write_run(tmp_path, "4layers_1.txt", 3.2770, 60_000)
+    write_run(tmp_path, "4layers_2.txt", 3.2790, 61_000, seed=1, log_dir="logs/b",
+              checkpoint_every=50, save_checkpoint=True, resume="logs/b/state_step000050.pt")
+    write_run(tmp_path, "8layers_1.txt", 3.2850, 90_000, num_layers=8)
+    write_run(tmp_path, "8layers_2.txt", 3.2810, 93_000, num_layers=8, seed=1)
+    write_run(tmp_path, "extra_loss.txt", 3.2700, 75_000,
+              code=SCRIPT + "loss = loss + 1e-4 * z_loss\n")
+    (tmp_path / "killed.txt").write_text(log_header())  # killed while it compiled
+    s = summarize(tmp_path)
+    # by hand: 4 layers: mean 3.278, std sqrt(2e-6) = 1.4142e-3, t = -0.002 / 1e-3 = -2, with 1
+    # degree of freedom p = 1/2 + atan(-2) / pi = 0.1476; 60.5 s; (400 + 406.67) / 2 ms a step.
+    # 8 layers: mean 3.283, std 2.8284e-3, t = 0.003 / 2e-3 = 1.5, p = 1/2 + atan(1.5) / pi =
+    # 0.8128; 91.5 s; 610 ms. The extra loss: one run, 3.27, 75 s, 500 ms.
+    assert (s["runs"], s["unfinished"]) == (5, ["killed.txt"])
+    assert math.isnan(s["mean"]) and math.isnan(s["p"])  # over all five: not computed
+    one, two, three = s["configurations"]
+    assert (one["logs"], one["differs"]) == (["4layers_1.txt", "4layers_2.txt"], [])
+    assert (one["mean"], one["std"]) == (pytest.approx(3.278), pytest.approx(math.sqrt(2e-6)))
+    assert one["p"] == pytest.approx(0.5 + math.atan(-2) / math.pi, abs=1e-9)
+    assert (one["time_s"], one["step_ms"]) == (60.5, pytest.approx(60_500 / 150))
+    assert (two["logs"], two["differs"]) == (["8layers_1.txt", "8layers_2.txt"],
+                                             ["num_layers 4 -> 8"])
+    assert (two["mean"], two["std"]) == (pytest.approx(3.283), pytest.approx(math.sqrt(8e-6)))
+    assert two["p"] == pytest.approx(0.5 + math.atan(1.5) / math.pi, abs=1e-9)
+    assert (two["time_s"], two["step_ms"]) == (91.5, pytest.approx(610))
+    assert (three["logs"], three["differs"], three["mean"]) == (["extra_loss.txt"], ["the code"],
+                                                                3.27)
+    assert math.isnan(three["std"]) and math.isnan(three["p"])
+    assert (three["time_s"], three["step_ms"]) == (75, pytest.approx(500))
+    main([str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"{tmp_path.name:<40}    5  finished runs of 3 configurations, not averaged "
+                     f"together:")
+    assert lines[at + 1:at + 7] == [
+        "  config 1                                  2    3.2780  0.0014      0.15       60.5s "
+        " 403.33ms  not shown",
+        "  config 2                                  2    3.2830  0.0028      0.81       91.5s "
+        " 610.00ms  not shown",
+        "  config 3                                  1    3.2700     nan       nan       75.0s "
+        " 500.00ms  not shown",
+        "  config 2 differs from config 1 in num_layers 4 -> 8: 8layers_1.txt, 8layers_2.txt",
+        "  config 3 differs from config 1 in the code: extra_loss.txt",
+        "  1 of 6 runs did not finish, left out: killed.txt"]
+
+
+def test_logs_without_hyperparameters_or_code_compare_by_what_they_have(tmp_path, capsys):
+    """A record-format log with the code and one with its step lines alone join the first
+    configuration they are alike with as far as they go; one of other planned steps, none."""
+    write_run(tmp_path, "full.txt", 3.2770, 60_000)
+    write_run(tmp_path, "wide.txt", 3.2850, 90_000, model_dim=256, kernels=False)
+    write_log(tmp_path, "copied.txt", 3.2790, 61_000, steps=150, code=SCRIPT)
+    write_log(tmp_path, "record.txt", 3.2810, 62_000, steps=150)
+    write_log(tmp_path, "short.txt", 3.3000, 2_000, steps=10)
+    write_log(tmp_path, "other_code.txt", 3.2900, 60_000, steps=150, code="print('another')\n")
+    s = summarize(tmp_path)
+    # by hand: mean 3.279, std 0.002, t = -0.001 / (0.002 / sqrt 3) = -0.8660, with 2 degrees of
+    # freedom p = 1/2 + t / (2 sqrt(2 + t^2)) = 0.2389
+    assert [(c["logs"], c["differs"]) for c in s["configurations"]] == [
+        (["copied.txt", "full.txt", "record.txt"], []),
+        (["wide.txt"], ["model_dim 128 -> 256", "kernels True -> False"]),
+        (["other_code.txt"], ["the code"]),
+        (["short.txt"], ["the planned steps 150 -> 10"])]
+    first = s["configurations"][0]
+    assert (first["mean"], first["std"], first["time_s"]) == (
+        pytest.approx(3.279), pytest.approx(0.002), pytest.approx(61))
+    t = -0.001 / (0.002 / math.sqrt(3))
+    assert first["p"] == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-9)
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert ("\n  config 2 differs from config 1 in model_dim 128 -> 256 and kernels True -> "
+            "False: wide.txt\n") in out
+    assert "\n  config 1                                  3    3.2790  0.0020      0.24 " in out
+
+
+def test_a_hyperparameter_that_one_log_lacks_is_said_not_logged(tmp_path):
+    """A log of an older script, without a field that the newer one logs (and with one it
+    dropped), differs in both."""
+    write_run(tmp_path, "new.txt", 3.2770, 60_000)
+    write_run(tmp_path, "new2.txt", 3.2780, 60_000)
+    text = log_header().replace("'kernels': True", "'warmup_steps': 0")
+    write_run(tmp_path, "old.txt", 3.2790, 61_000)
+    (tmp_path / "old.txt").write_text((tmp_path / "old.txt").read_text().replace(
+        log_header(), text))
+    assert summarize(tmp_path)["configurations"][1]["differs"] == [
+        "kernels True -> not logged", "warmup_steps not logged -> 0"]
+
+
+def test_the_hyperparameters_of_a_real_log_are_read_less_those_that_may_differ():
+    """records/smoke_cpu's log, of an older train_gpt.py: its dict, tuples and all, as logged."""
+    (log,) = (HERE / "smoke_cpu").glob("*.txt")
+    text = log.read_text()
+    logged = hyperparameters(text)
+    assert logged["no_attention_layers"] == () and logged["model_dim"] == 128
+    assert logged["warmup_steps"] == 0 and "kernels" not in logged
+    assert not set(logged) & {"seed", "log_dir", "resume", "checkpoint_every", "save_checkpoint"}
+    assert code(text).startswith('"""') and "def main(" in code(text)
+
+
+def test_a_restarted_run_that_did_not_finish_is_not_continued_by_itself(tmp_path, capsys):
+    """torchrun restarted the workers of run R, which went on in their own log R.txt and logged
+    the checkpoint they resumed from, one of run R; then R stopped again. R.txt is a run that
+    did not finish, not one that a later log continues."""
+    write_run(tmp_path, "done.txt", 3.2790, 204_000, num_iterations=1390)
+    before = ("step:0/1390 val_loss:10.8258 train_time:0ms step_avg:0.00ms\n"
+              "step:700/1390 val_loss:3.9000 train_time:100000ms step_avg:142.86ms\n")
+    after = ("resuming from logs/R/state_step000700.pt: step 700 of run R\n"
+             "step:750/1390 val_loss:3.8000 train_time:107000ms step_avg:142.67ms\n")
+    header = log_header(num_iterations=1390, checkpoint_every=100)
+    (tmp_path / "R.txt").write_text(header + before + header + after)  # the restart's header too
+    s = summarize(tmp_path)
+    assert (s["runs"], s["unfinished"], s["continued"]) == (1, ["R.txt"], {})
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "\n  1 of 2 runs did not finish, left out: R.txt\n" in out
+    assert "continues it" not in out
 
 
 def test_a_plot_of_a_format_matplotlib_cannot_write_is_refused_first(tmp_path, capsys):
