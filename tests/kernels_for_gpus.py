@@ -13,6 +13,7 @@ torch reports on such a GPU), and
   global loads (L), stores (S) and barriers between the warps (B) in the PTX, repeats merged:
   what orders one warp's memory against another's; and how many of those loads and stores
   inside its loops run without a predicate, the form that a Triton mask takes.
+The JSON line comes last, after the same as a Markdown table.
 The interpreter runs a kernel's Python; only the compiler shows what a GPU build holds. Run
 without TRITON_INTERPRET, which would make the kernels the interpreter's.
 """
@@ -148,7 +149,23 @@ def main():
                     local_bytes=local_memory(ptx, capability), memory_order=memory_order(ptx),
                     unmasked_in_loops=unmasked_in_loops(ptx)))
         results[capability] = dict(gpus=gpus, max_shared=max_shared, takes=took, builds=builds)
+    print(table(results))
     print(json.dumps(results))
+
+
+def table(results):
+    """The builds of `results` as a Markdown table: what each target takes, and what each build
+    holds."""
+    rows = [f"Triton {triton.__version__}, PyTorch {torch.__version__}:", "",
+            "| target | kernel | variant | stages | shared bytes (of the target's) | local bytes "
+            "| wgmma |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for capability, target in results.items():
+        for build in target["builds"]:
+            rows.append(f"| sm_{capability} | {build['kernel']} | {build['variant']} | "
+                        f"{build['setting'].get('num_stages', '')} | {build['shared_bytes']:,} "
+                        f"({target['max_shared']:,}) | {build['local_bytes']} | "
+                        f"{'yes' if build['wgmma'] else 'no'} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

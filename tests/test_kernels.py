@@ -10,8 +10,10 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,8 @@ from train_gpt import (GPT, HeadLoss, Hyperparameters, ReluSquareMLP, head_loss,
                        triton_relu_square_mlp, use_kernels, what_runs)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-GPU_BUILDS = Path(__file__).resolve().parent / "kernels_for_gpus.py"
+ROOT = Path(__file__).resolve().parent.parent
+GPU_BUILDS = ROOT / "tests" / "kernels_for_gpus.py"
 SOFTCAP = Hyperparameters.softcap
 STAGES = train_gpt.MLP_STAGES[0]  # the MLP kernel's pipeline: the interpreter runs any alike
 # Without Triton (PyTorch's CPU-only builds, macOS) the script runs the recipe's torch code, and
@@ -494,35 +497,50 @@ def test_both_kernels_compile_into_one_graph_with_the_eager_results():
         assert relative_error(compiled, eager) < 1e-2
 
 
+# The PyTorch that requirements.txt pins: the builds of the Triton it brings (3.6) are known to
+# the byte; another Triton may lay out registers and memory otherwise.
+PINNED_TORCH = re.search(r"^torch==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M)[1]
+
+
 @needs_triton
 def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_that_fits(tmp_path):
     """Triton's compiler and ptxas, not its interpreter, with an empty kernel cache, for each
-    target: the shared memory that train_gpt.mlp_shared_memory works out for the MLP's pipeline
-    is the build's, with at most 1 KiB and 16 bytes to spare, never less; the pipeline a GPU
-    takes fits it, with no local memory; the head's build holds at most 1 KiB; every target
-    takes both kernels, the 99 KB GPUs the MLP's shallower pipeline. The head kernel's training
-    build orders its memory between the warps: loads of the target and its logit, a barrier,
-    the row's loads and stores, the sum's barrier, the row's scale and target's share, a
-    barrier, the target's 0 (the interpreter, running one program at a time, cannot show a
-    race). Each of the head's builds loads and stores the row under its masks, as predicated
-    instructions: the last block of 2,048 columns reaches 896 past the row's 50,304, and the
-    last row's past the chunk's logits, where the interpreter reads without a fault and a GPU
-    may not (the sum drops those columns, so no result shows an unmasked load)."""
+    target: every target takes both kernels, the 99 KB GPUs the MLP's shallower pipeline, and
+    each build fits the target's shared memory. The head kernel's training build orders its
+    memory between the warps: loads of the target and its logit, a barrier, the row's loads and
+    stores, the sum's barrier, the row's scale and target's share, a barrier, the target's 0
+    (the interpreter, running one program at a time, cannot show a race). Each of the head's
+    builds loads and stores the row under its masks, as predicated instructions: the last block
+    of 2,048 columns reaches 896 past the row's 50,304, and the last row's past the chunk's
+    logits, where the interpreter reads without a fault and a GPU may not (the sum drops those
+    columns, so no result shows an unmasked load).
+
+    With the pinned PyTorch's Triton the builds are also exact: the shared memory that
+    train_gpt.mlp_shared_memory works out for the MLP's pipeline is the build's, with at most
+    1 KiB and 16 bytes to spare, never less; no build holds local memory; the head's holds at
+    most 1 KiB; the H100's MLP runs on wgmma. With another, whose compiler may place registers
+    otherwise (Triton 3.8 and 3.9 spill 12 bytes of sm_100's MLP backward), a warning gives the
+    table of what each target gets instead."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(GPU_BUILDS)], capture_output=True, text=True,
                             env=env | {"TRITON_CACHE_DIR": str(tmp_path)}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     targets = json.loads(result.stdout.splitlines()[-1])
     assert set(targets) == {"80", "86", "89", "90", "100", "120"}
+    exact = torch.__version__.split("+")[0] == PINNED_TORCH
     for capability, target in targets.items():
         for build in target["builds"]:
             where = (capability, build["kernel"], build["setting"], build["variant"])
+            assert build["shared_bytes"] <= target["max_shared"], where
+            if build["kernel"] == "head":
+                assert build["unmasked_in_loops"] == 0, where
+            if not exact:
+                continue
             if build["kernel"] == "mlp":
                 assert build["shared_bytes"] <= build["need"] <= build["shared_bytes"] + 1040, where
                 assert build["need"] <= target["max_shared"], where
             else:
                 assert build["need"] is None and build["shared_bytes"] <= 1024, where
-                assert build["unmasked_in_loops"] == 0, where
             assert build["local_bytes"] == 0, where
         assert target["takes"] == dict(head="kernel", mlp="kernel"), capability
         (training,) = [build["memory_order"] for build in target["builds"]
@@ -535,9 +553,13 @@ def test_on_every_gpu_from_the_a100_on_a_kernel_launches_only_with_a_setting_tha
                if build["kernel"] == "mlp"]
         assert mlp == [("forward", setting), ("backward", setting)], capability
     for build in targets["90"]["builds"]:  # the H100's MLP, on pipelined tensor cores
-        if build["kernel"] == "mlp":
+        if build["kernel"] == "mlp" and exact:
             assert build["wgmma"], build
             assert build["stages"] == train_gpt.MLP_STAGES[0], build
+    if not exact:
+        warnings.warn(f"PyTorch {torch.__version__}, not the pinned {PINNED_TORCH}: each build "
+                      f"fits its GPU; what the builds hold, as this Triton makes them:\n"
+                      + "\n".join(result.stdout.splitlines()[:-1]))
 
 
 def test_without_triton_the_kernel_tests_skip_with_their_reason():
