@@ -160,6 +160,9 @@ class Muon(torch.optim.Optimizer):
         self.orthogonalize = (torch.compile(zeropower_via_newtonschulz5, dynamic=False,
                                             mode="reduce-overhead")
                               if any(p.is_cuda for p in params) else zeropower_via_newtonschulz5)
+        # its name from PyTorch 2.14 on, which deprecates all_gather_into_tensor
+        self.all_gather_into_tensor = getattr(dist, "all_gather_single",
+                                              dist.all_gather_into_tensor)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
@@ -213,7 +216,7 @@ class Muon(torch.optim.Optimizer):
                 if self.world_size == 1:  # nothing to gather: the update is applied as it is
                     pending = (None, chunk, [update])
                 else:
-                    handle = dist.all_gather_into_tensor(buffer, update, async_op=True)
+                    handle = self.all_gather_into_tensor(buffer, update, async_op=True)
                     pending = (handle, chunk, rows)
             apply(*pending)
 
@@ -682,6 +685,7 @@ def train(args, rank, world_size, device):
             in_flight.append(send_loss_and_stop(step + 1, loss, stops_asked(signals, log), clock))
     log(f"peak memory consumption: {peak_memory_mib(device)} MiB" + (
         "" if device.type == "cuda" else " (CPU run: peak resident set size of rank 0)"))
+    log.close()
     if log.failed:  # in the last step, after which no stop is read
         raise UserError(f"{log.failed}: it lacks the lines printed after that; free space or "
                         f"change --log_dir")
@@ -701,9 +705,17 @@ def build_model(args, device, gpu_path=None):
     if gpu_path and args.kernels:
         use_kernels(model, device)  # decided here, once, for this device
     compiled = torch.compile(model) if gpu_path else model
-    ddp_model = (DDP(compiled, device_ids=[device] if cuda else None, broadcast_buffers=False,
-                     gradient_as_bucket_view=True) if dist.is_initialized() else compiled)
+    ddp_model = data_parallel(compiled, device) if dist.is_initialized() else compiled
     return model, compiled, ddp_model
+
+def data_parallel(module, device):
+    """`module` in DDP, which averages its gradients over the ranks in the backward. Its buffers
+    (the rotary tables, the same on every rank) are not broadcast before each forward: the flag
+    is forward_sync_buffers from PyTorch 2.14 on, which deprecates broadcast_buffers."""
+    flag = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+            else "broadcast_buffers")
+    return DDP(module, device_ids=[device] if device.type == "cuda" else None,
+               gradient_as_bucket_view=True, **{flag: False})
 
 def build_optimizers(model, args):
     """Adam for the embeddings, the head and the scalars; Muon for every matrix in the blocks."""
@@ -944,6 +956,11 @@ class RunLog:
                     os.truncate(self.path, whole)
                     if not whole:  # a log that holds nothing is no log
                         os.remove(self.path)
+
+    def close(self):
+        if self.file is not None:
+            with contextlib.suppress(OSError):  # a failed write has closed it already
+                self.file.close()
 
 def log_run_header(log, args, world_size, train_files, val_files, model):
     """Everything needed to reproduce the run: code, versions, hardware, data, settings."""

@@ -1,5 +1,6 @@
 """Muon section: Newton-Schulz, the Muon update, its distributed form, and the optimizer setup."""
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +99,9 @@ def run_workers(tmp_path, nproc):
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={nproc}", str(worker), str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    # what the PyTorch at hand deprecates is an error: 2.14 deprecates all_gather_into_tensor
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, PYTHONWARNINGS="error::FutureWarning"))
     assert result.returncode == 0, result.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
 

@@ -11,15 +11,17 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 import train_gpt
-from train_gpt import Hyperparameters, UserError, check_config, main, parse_args
+from train_gpt import GPT, Hyperparameters, UserError, check_config, main, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "shakespeare"
@@ -499,6 +501,20 @@ def test_models_with_fewer_parts_train_on_two_ranks_as_on_one(layout, tmp_path):
     one, two = main(argv + [f"--log_dir={tmp_path}"]), launch(tmp_path, "train", 2, argv)
     assert list(one) == [0, 3] and one == pytest.approx(two, rel=1e-6, abs=0)
     assert one[3] < one[0] - 0.1  # and it trained
+
+
+def test_ddp_leaves_the_buffers_alone_under_the_name_the_pytorch_at_hand_gives_it():
+    """The rotary tables are the same on every rank, so DDP does not broadcast them before each
+    forward, with no deprecation warning: PyTorch 2.14 renamed broadcast_buffers
+    forward_sync_buffers, and warns of the old name (broadcast_buffers stays a property)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ddp = train_gpt.data_parallel(GPT(1000, 1, 1, 64, max_seq_len=128), torch.device("cpu"))
+        assert ddp.broadcast_buffers is False and ddp.gradient_as_bucket_view
+    finally:
+        dist.destroy_process_group()
 
 
 def test_gradients_are_averaged_over_sequences_and_ranks(tmp_path):

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_gpt  # noqa: E402
@@ -47,8 +46,7 @@ def gradients(argv):
     torch.manual_seed(args.seed)
     model = train_gpt.GPT(args.vocab_size, args.num_layers, args.num_heads, args.model_dim,
                           max_seq_len=args.micro_batch_size)
-    ddp_model = DDP(model, broadcast_buffers=False, gradient_as_bucket_view=True) \
-        if dist.is_initialized() else model
+    ddp_model = train_gpt.data_parallel(model, device) if dist.is_initialized() else model
     with torch.no_grad():  # a nonzero head and projections, so every gradient is informative
         for p in model.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
