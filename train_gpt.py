@@ -39,6 +39,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_map_only
 from tqdm import tqdm
 
+# What newer PyTorch renamed, under the name the PyTorch at hand has: from 2.14 on the gather is
+# all_gather_single, and DDP's flag for the buffers is forward_sync_buffers.
+all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+DDP_BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers"
+                   in inspect.signature(DDP).parameters else "broadcast_buffers")
+
 # ----------------------------------------------------------------------------- hyperparameters
 
 def option(default, text):
@@ -160,9 +166,6 @@ class Muon(torch.optim.Optimizer):
         self.orthogonalize = (torch.compile(zeropower_via_newtonschulz5, dynamic=False,
                                             mode="reduce-overhead")
                               if any(p.is_cuda for p in params) else zeropower_via_newtonschulz5)
-        # its name from PyTorch 2.14 on, which deprecates all_gather_into_tensor
-        self.all_gather_into_tensor = getattr(dist, "all_gather_single",
-                                              dist.all_gather_into_tensor)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
@@ -216,7 +219,7 @@ class Muon(torch.optim.Optimizer):
                 if self.world_size == 1:  # nothing to gather: the update is applied as it is
                     pending = (None, chunk, [update])
                 else:
-                    handle = self.all_gather_into_tensor(buffer, update, async_op=True)
+                    handle = all_gather_into_tensor(buffer, update, async_op=True)
                     pending = (handle, chunk, rows)
             apply(*pending)
 
@@ -485,7 +488,7 @@ def write_shard(path, tokens):
 def check_shard(path):
     """Validate a shard's header against its size on disk; return its token count."""
     if os.path.isdir(path):  # e.g. --train_files=data/fineweb10B
-        patterns = sorted({os.path.join(path, re.sub(r"\d+", "*", name))
+        patterns = sorted({os.path.join(path, re.sub(r"\d+(?=\D*$)", "*", name))
                            for name in os.listdir(path) if name.endswith(".bin")})
         fix = (f"name the shards, as a pattern such as {' or '.join(map(repr, patterns))}"
                if patterns else f"and holds no .bin file; {DOWNLOAD_HINT}")
@@ -626,7 +629,8 @@ def train(args, rank, world_size, device):
     resume = find_checkpoint(args, run_id, world_size)
     # every refusal of the configuration comes above: from here on, the run has a log
     log = make_logger(args.log_dir, run_id, rank)
-    on_rank_0(log_run_header, log, args, world_size, train_loader.files, val_loader.files, model)
+    on_rank_0(log_run_header, log, args, world_size, train_loader.files, val_loader.files, model,
+              code)
     adam, muon = build_optimizers(model, args)
     stateful = (model, adam, muon, train_loader)  # what holds the training state
     window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
@@ -686,9 +690,9 @@ def train(args, rank, world_size, device):
     log(f"peak memory consumption: {peak_memory_mib(device)} MiB" + (
         "" if device.type == "cuda" else " (CPU run: peak resident set size of rank 0)"))
     log.close()
-    if log.failed:  # in the last step, after which no stop is read
-        raise UserError(f"{log.failed}: it lacks the lines printed after that; free space or "
-                        f"change --log_dir")
+    if failed := on_rank_0(lambda: log.failed):  # in the last step: no stop is read after it
+        raise UserError(f"{failed}: it lacks the lines printed after that; free space or change "
+                        f"--log_dir")
     return val_losses
 
 def build_model(args, device, gpu_path=None):
@@ -710,12 +714,10 @@ def build_model(args, device, gpu_path=None):
 
 def data_parallel(module, device):
     """`module` in DDP, which averages its gradients over the ranks in the backward. Its buffers
-    (the rotary tables, the same on every rank) are not broadcast before each forward: the flag
-    is forward_sync_buffers from PyTorch 2.14 on, which deprecates broadcast_buffers."""
-    flag = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
-            else "broadcast_buffers")
+    (the rotary tables, the same on every rank) are not broadcast before each forward (newer
+    PyTorch's forward_sync_buffers=False still broadcasts them once, as DDP is built)."""
     return DDP(module, device_ids=[device] if device.type == "cuda" else None,
-               gradient_as_bucket_view=True, **{flag: False})
+               gradient_as_bucket_view=True, **{DDP_BUFFER_SYNC: False})
 
 def build_optimizers(model, args):
     """Adam for the embeddings, the head and the scalars; Muon for every matrix in the blocks."""
@@ -962,13 +964,16 @@ class RunLog:
             with contextlib.suppress(OSError):  # a failed write has closed it already
                 self.file.close()
 
-def log_run_header(log, args, world_size, train_files, val_files, model):
-    """Everything needed to reproduce the run: code, versions, hardware, data, settings."""
+def log_run_header(log, args, world_size, train_files, val_files, model, code):
+    """Everything needed to reproduce the run: code (and `code`, its script_digest), versions,
+    hardware, data, settings."""
     if globals().get("__file__"):  # none where the code was run by exec()
         with open(__file__) as f:
             log(f.read() + "=" * 100, console=False)
     cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
     log(f"Python {sys.version.split()[0]}, PyTorch {torch.__version__}, CUDA {cuda}")
+    if code:
+        log(f"the script's SHA-256 begins {code}, as sha256sum {os.path.basename(__file__)} says")
     log("allocator settings: " + ", ".join(f"{name}={os.environ[name]}" for name in
                                            ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
                                            if name in os.environ))
@@ -1113,8 +1118,8 @@ def save_checkpoint(step, stateful, args, run_id, code, clock, log, newest):
     try:
         on_rank_0(write_checkpoint, checkpoint, path)
     except OSError as err:
-        stop_run(f"cannot write the checkpoint {path} ({err}); free space or change --log_dir",
-                 newest, log)
+        stop_run(f"cannot write the checkpoint {path} ({err.strerror or err}); free space or "
+                 f"change --log_dir", newest, log)
     log(f"checkpoint: step {step} written to {path} in "
         f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
     return path
@@ -1127,9 +1132,9 @@ def resume_from(resume, stateful, clock, code, log):
         return 0, None
     path, checkpoint = resume
     log(f"resuming from {path}: step {checkpoint['step']} of run {checkpoint['run_id']}")
-    if checkpoint.get("code", code) != code:  # older checkpoints do not say
+    if None not in (checkpoint.get("code"), code) and checkpoint["code"] != code:
         log(f"the checkpoint's run ran other code: its script's SHA-256 begins "
-            f"{checkpoint['code']}, this one's {code}")
+            f"{checkpoint['code']}, this one's {code}")  # older checkpoints do not say
     with clock.paused():  # not training time
         restore_training_state(checkpoint, *stateful)
     clock.elapsed_ms = checkpoint["train_time_ms"]
@@ -1142,10 +1147,9 @@ def check_finite(what, step, value, log, newest):
 
 def stop_as_asked(reasons, step, newest, log):
     """End the run after `step` for the `reasons` (STOP_REASONS) that ranks asked it to stop for."""
-    if "log" in reasons:  # on rank 0, with the error; on the others, rank 0's
-        failed = log.failed or f"rank 0 cannot write the log {log.path}"
-        stop_run(f"step {step}: {failed}, so the run stops here; free space or change --log_dir",
-                 newest, log)
+    if "log" in reasons:  # rank 0's, which every rank says
+        stop_run(f"step {step}: {on_rank_0(lambda: log.failed)}, so the run stops here; free "
+                 f"space or change --log_dir", newest, log)
     stop_run(f"interrupted at step {step}", newest, log, error=SystemExit)
 
 def stop_run(message, newest, log, error=UserError):

@@ -261,7 +261,7 @@ def test_a_failed_write_stops_every_rank(tmp_path):
     for rank in (0, 1):
         stopped = (tmp_path / f"stopped_rank{rank}.txt").read_text()
         assert stopped == (f"cannot write the checkpoint {checkpoint(tmp_path, 2).parent}/"
-                           f"state_step000004.pt ([Errno 27] File too large); free "
+                           f"state_step000004.pt (File too large); free "
                            f"space or change --log_dir; continue with "
                            f"--resume={checkpoint(tmp_path, 2)}")
 
@@ -522,7 +522,8 @@ def test_a_disk_that_fills_with_a_checkpoint_stops_the_run_in_one_line(small_dis
                      f"--log_dir={folder}"])
     (run,) = [path for path in folder.iterdir() if path.is_dir()]
     assert str(stopped.value) == (
-        f"cannot write the checkpoint {run}/state_step000001.pt ({error}); free space or change "
+        f"cannot write the checkpoint {run}/state_step000001.pt ({error.strerror}); free space or "
+        f"change "
         f"--log_dir; no checkpoint was written (--checkpoint_every=K writes one every K steps)")
     assert not list(run.iterdir())  # no .partial
     lines = (folder / f"{run.name}.txt").read_text().splitlines()
@@ -543,8 +544,8 @@ def test_a_disk_that_fills_with_the_logs_header_stops_the_run_in_one_line(small_
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_log_that_cannot_be_written_stops_every_rank_after_the_same_step(nproc, tmp_path):
     """Its header written, the log takes 100 bytes more: step 0's line, not step 1's. Rank 0
-    asks to stop as a Ctrl-C would, read a step late: all stop after step 4, each saying so,
-    and the log ends with its last whole line."""
+    asks to stop as a Ctrl-C would, read a step late: all stop after step 4, each with rank 0's
+    line, and the log ends with its last whole line."""
     command = [*launcher(nproc), WORKER, "logfull:100", str(tmp_path), *SIX,
                f"--log_dir={tmp_path}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -552,14 +553,26 @@ def test_a_log_that_cannot_be_written_stops_every_rank_after_the_same_step(nproc
     (log,) = tmp_path.glob("*-*.txt")  # not the worker's stopped_rank<r>.txt
     lines = log.read_text().splitlines()
     assert lines[-1].startswith("step:0/6 val_loss:10.8258 ")
-    rank_0 = (f"step 4: cannot write the log {log} (File too large), so the run stops here; "
-              f"free space or change --log_dir; no checkpoint was written (--checkpoint_every=K "
-              f"writes one every K steps)")
-    assert (tmp_path / "stopped_rank0.txt").read_text() == rank_0
-    assert result.stdout.splitlines()[-1] == rank_0  # printed, as the log cannot take it
-    if nproc == 2:
-        assert (tmp_path / "stopped_rank1.txt").read_text() == rank_0.replace(
-            "cannot write the log", "rank 0 cannot write the log").replace(" (File too large)", "")
+    message = (f"step 4: cannot write the log {log} (File too large), so the run stops here; "
+               f"free space or change --log_dir; no checkpoint was written (--checkpoint_every=K "
+               f"writes one every K steps)")
+    for rank in range(nproc):  # rank 0's line, on every rank
+        assert (tmp_path / f"stopped_rank{rank}.txt").read_text() == message
+    assert result.stdout.splitlines()[-1] == message  # printed, as the log cannot take it
+
+
+def test_a_log_that_fails_in_the_last_step_ends_every_rank_with_rank_0s_error(tmp_path):
+    """One step, validated at its end alone: the log takes the step's line, not its validation's,
+    and no stop is read after the last step. The run ends, every rank with rank 0's error."""
+    result = torchrun("logfull:100", tmp_path, SIX + ["--num_iterations=1", "--val_every=0"],
+                      timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (log,) = tmp_path.glob("*-*.txt")
+    assert log.read_text().splitlines()[-1].startswith("step:1/1 train_time:")
+    for rank in (0, 1):
+        assert (tmp_path / f"stopped_rank{rank}.txt").read_text() == (
+            f"cannot write the log {log} (File too large): it lacks the lines printed after "
+            f"that; free space or change --log_dir")
 
 
 def test_a_checkpoint_keeps_its_steps_train_time_and_a_resumed_run_goes_on_with_it(tmp_path,

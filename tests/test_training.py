@@ -171,8 +171,10 @@ def test_the_header_says_how_each_rank_splits_its_share(world_size, sequences, t
     args = parse_args(TINY + ["--batch_size=1024"])
     log = train_gpt.RunLog(str(tmp_path / "run.txt"), writes=True)
     model = train_gpt.build_model(args, torch.device("cpu"))[0]
-    train_gpt.log_run_header(log, args, world_size, [], [], model)
-    assert f"\nworld size {world_size}: {sequences}\n" in (tmp_path / "run.txt").read_text()
+    train_gpt.log_run_header(log, args, world_size, [], [], model, "0123456789ab")
+    text = (tmp_path / "run.txt").read_text()
+    assert f"\nworld size {world_size}: {sequences}\n" in text
+    assert "\nthe script's SHA-256 begins 0123456789ab, as sha256sum train_gpt.py says\n" in text
 
 
 @pytest.mark.parametrize("shard_tokens", [1024, 1025, 1026, 1027])
