@@ -21,7 +21,8 @@ if [ "$gpus" = 0 ]; then
          "The real run, on a GPU machine: ./run.sh"
     if [ -n "${NPROC_PER_NODE:-}" ]; then
         several="torchrun --standalone --nproc_per_node=$NPROC_PER_NODE train_gpt.py --preset=smoke"
-        if refusal=$(refuse_launch "$NPROC_PER_NODE" --preset=smoke "$@" 2>&1); then
+        if [[ ! $NPROC_PER_NODE =~ ^[0-9]+$ ]] ||  # torchrun's own words: auto, cpu
+               refusal=$(refuse_launch "$NPROC_PER_NODE" --preset=smoke "$@" 2>&1); then
             echo "NPROC_PER_NODE counts GPUs; the smoke run is one process (several on a CPU: $several)"
         else
             echo "NPROC_PER_NODE counts GPUs; the smoke run is one process, and several on a CPU" \
@@ -33,6 +34,8 @@ if [ "$gpus" = 0 ]; then
     exec python train_gpt.py --preset=smoke "$@"
 fi
 nproc="${NPROC_PER_NODE:-$gpus}"
-refuse_launch "$nproc" "$@"
+if [[ $nproc =~ ^[0-9]+$ ]]; then  # not torchrun's own words (auto, gpu), which it resolves
+    refuse_launch "$nproc" "$@"
+fi
 python data/cached_fineweb10B.py --for_run "$@"  # the shards this run reads, if missing
 exec torchrun --standalone --nproc_per_node="$nproc" train_gpt.py "$@"

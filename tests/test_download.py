@@ -206,6 +206,17 @@ def test_run_sh_trains_offline_on_data_elsewhere(tmp_path):
         "--standalone", "--nproc_per_node=8", "train_gpt.py", *data, "--num_iterations=5"]
 
 
+def test_run_sh_leaves_torchruns_own_words_for_the_processes_to_torchrun(tmp_path):
+    """NPROC_PER_NODE=auto (or gpu, cpu) is a number torchrun works out: run.sh checks numbers."""
+    data = [f"--train_files={tmp_path}/train_*.bin", f"--val_files={tmp_path}/val_*.bin"]
+    result = run_sh(tmp_path, dict(torchrun=f'echo "$@" > {tmp_path}/torchrun_args',
+                                   python=gpus_python(8, f'exec {sys.executable} "$@"')),
+                    nproc="auto", argv=data)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "torchrun_args").read_text().split()[:2] == [
+        "--standalone", "--nproc_per_node=auto"]
+
+
 def test_run_sh_refuses_what_the_processes_would_before_it_downloads_or_starts_them(tmp_path):
     """NPROC_PER_NODE=3 of 8 GPUs: the batch does not split over 3. One line says so and what
     would start; nothing is downloaded (a stand-in records it) and torchrun never starts."""
@@ -222,6 +233,8 @@ def test_run_sh_refuses_what_the_processes_would_before_it_downloads_or_starts_t
 @pytest.mark.parametrize("nproc, hint", [
     ("2", "NPROC_PER_NODE counts GPUs; the smoke run is one process (several on a CPU: torchrun "
           "--standalone --nproc_per_node=2 train_gpt.py --preset=smoke)"),
+    ("auto", "NPROC_PER_NODE counts GPUs; the smoke run is one process (several on a CPU: "
+             "torchrun --standalone --nproc_per_node=auto train_gpt.py --preset=smoke)"),
     ("3", "NPROC_PER_NODE counts GPUs; the smoke run is one process, and several on a CPU "
           "(torchrun --standalone --nproc_per_node=3 train_gpt.py --preset=smoke) would stop: a "
           "batch of 1024 tokens does not split over 3 ranks; make --batch_size a multiple of 3 "
