@@ -8,11 +8,15 @@ beside compare.py, so that a copy of tests/ and benchmarks/ (as the GPU runs' me
 holds everything conftest.py imports.
 """
 import ast
+import os
 import re
 
-# A run's seed, and where its files go or come from (its log, its checkpoints): the runs of one
-# result may differ in these.
-MAY_DIFFER = ("seed", "log_dir", "resume", "checkpoint_every", "save_checkpoint")
+# A run's seed, where its files go or come from (its log, its checkpoints), and what runs off
+# the clock and changes no step (validation's schedule, the undone compile steps): the runs of
+# one result may differ in these. The data's folder may differ too: its files' names may not.
+MAY_DIFFER = ("seed", "log_dir", "resume", "checkpoint_every", "save_checkpoint", "val_every",
+              "compile_steps")
+DATA = ("train_files", "val_files")
 # train_gpt.py logs its dataclass as a dict's repr: strings, numbers, booleans and tuples
 HYPERPARAMETERS = re.compile(r"^hyperparameters: (\{.*\})$", re.MULTILINE)
 # train_gpt.py's log begins with the script's source, then this line (so do the record's)
@@ -20,14 +24,27 @@ END_OF_CODE = re.compile(r"^={100}$", re.MULTILINE)
 
 
 def hyperparameters(text):
-    """The hyperparameters a log's text gives, less MAY_DIFFER, as a dict; None where it gives
-    none (the record format's logs). The first line counts: a run that torchrun restarted logs
-    the same again."""
-    found = HYPERPARAMETERS.search(text)
+    """The hyperparameters a log's text gives below its code, less MAY_DIFFER and with the data's
+    file names for DATA, as a dict; None where it gives none (the record format's logs) or none
+    that reads as plain data. The first line counts: a run that torchrun restarted logs the same
+    again."""
+    end = END_OF_CODE.search(text)
+    found = HYPERPARAMETERS.search(text, end.end() if end else 0)
     if found is None:
         return None
-    return {name: value for name, value in ast.literal_eval(found[1]).items()
-            if name not in MAY_DIFFER}
+    try:
+        logged = ast.literal_eval(NonFinite().visit(ast.parse(found[1], mode="eval")))
+    except (ValueError, SyntaxError):  # not plain data
+        return None
+    return {name: os.path.basename(value) if name in DATA else value
+            for name, value in logged.items() if name not in MAY_DIFFER}
+
+
+class NonFinite(ast.NodeTransformer):
+    """repr() writes an infinite or undefined float as the name inf or nan: read them as such."""
+
+    def visit_Name(self, node):
+        return ast.Constant(float(node.id)) if node.id in ("inf", "nan") else node
 
 
 def code(text):

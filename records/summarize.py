@@ -15,14 +15,15 @@ continues) is named with that log, which counts it once. The 2025-01-04 record's
 reference_2025-01-04.json beside this file, come last, for comparison.
 
 Only runs that are alike are averaged together: the same planned steps, the same hyperparameters
-logged but for those that runs of one result may differ in (the seed, and where checkpoints go or
-come from and the log goes: log_dir, resume, checkpoint_every, save_checkpoint), and the same code
-at the top of the log. A log without a hyperparameters line or without the code (the record
-format's) compares by what it has. Where a folder's finished runs are of several configurations,
-each has its row of figures, the one with the most runs first; then a line for each of the others
-says what sets it apart from the first (the hyperparameters that differ, with both values, and
-"the code" where the code differs) and names its logs. benchmarks/alike.py, which compare.py
-shares, reads these.
+logged but for those that runs of one result may differ in (the seed; where checkpoints go or
+come from and the log goes: log_dir, resume, checkpoint_every, save_checkpoint; what runs off the
+clock and changes no step: val_every, compile_steps) and with the data's file names for their
+paths, and the same code at the top of the log. A log without a hyperparameters line or without
+the code (the record format's) compares by what it has. Where a folder's finished runs are of
+several configurations, each has its row of figures, the one with the most runs first; then a
+line for each of the others says what sets it apart from the first (the hyperparameters that
+differ, with both values, and "the code" where the code differs) and names its logs.
+benchmarks/alike.py, which compare.py shares, reads these.
 
 Compare the time per step with the record's: its clock left out its first 10 steps (148.08 ms =
 204,345 ms / 1,380 steps), train_gpt.py's counts all of them.

@@ -264,10 +264,13 @@ def test_runs_of_different_lengths_are_not_averaged_together(tmp_path, capsys):
 def test_runs_of_other_configurations_are_not_averaged_together(tmp_path, capsys):
     """Runs of 4 layers, of 8 layers and of other code (an extra loss term): each configuration
     has its own figures, and the line that names its logs says how it differs. Runs that differ
-    in their seed and where their files go are alike."""
+    in their seed, where their files go, what runs off the clock and the data's folder are
+    alike."""
     write_run(tmp_path, "4layers_1.txt", 3.2770, 60_000)
     write_run(tmp_path, "4layers_2.txt", 3.2790, 61_000, seed=1, log_dir="logs/b",
-              checkpoint_every=50, save_checkpoint=True, resume="logs/b/state_step000050.pt")
+              checkpoint_every=50, save_checkpoint=True, resume="logs/b/state_step000050.pt",
+              val_every=0, compile_steps=10,
+              train_files="/scratch/shakespeare/shakespeare_train_*.bin")
     write_run(tmp_path, "8layers_1.txt", 3.2850, 90_000, num_layers=8)
     write_run(tmp_path, "8layers_2.txt", 3.2810, 93_000, num_layers=8, seed=1)
     write_run(tmp_path, "extra_loss.txt", 3.2700, 75_000,
@@ -359,8 +362,29 @@ def test_the_hyperparameters_of_a_real_log_are_read_less_those_that_may_differ()
     logged = hyperparameters(text)
     assert logged["no_attention_layers"] == () and logged["model_dim"] == 128
     assert logged["warmup_steps"] == 0 and "kernels" not in logged
-    assert not set(logged) & {"seed", "log_dir", "resume", "checkpoint_every", "save_checkpoint"}
+    assert not set(logged) & {"seed", "log_dir", "resume", "checkpoint_every", "save_checkpoint",
+                              "val_every", "compile_steps"}
+    assert logged["train_files"] == "shakespeare_train_*.bin"  # the name, not the folder
     assert code(text).startswith('"""') and "def main(" in code(text)
+
+
+def test_other_data_and_lines_that_are_not_plain_data_set_runs_apart(tmp_path):
+    """Shards of other names are other data. A hyperparameters line in the code at the top of a
+    log is code, not the run's. A float that repr() writes as inf (a copy's own field, say) reads
+    as one."""
+    write_run(tmp_path, "a.txt", 3.2770, 60_000)
+    write_run(tmp_path, "b.txt", 3.2780, 60_000, val_files="data/other/other_val_*.bin")
+    write_run(tmp_path, "c.txt", 3.2790, 60_000, code=SCRIPT + "hyperparameters: {'x': 1}\n")
+    write_run(tmp_path, "d.txt", 3.2800, 60_000)
+    (tmp_path / "d.txt").write_text((tmp_path / "d.txt").read_text().replace(
+        "'softcap': 15.0", "'softcap': inf"))
+    assert hyperparameters((tmp_path / "c.txt").read_text()) == hyperparameters(
+        (tmp_path / "a.txt").read_text())
+    differs = {tuple(config["logs"]): config["differs"]
+               for config in summarize(tmp_path)["configurations"][1:]}
+    assert differs[("b.txt",)] == ["val_files 'shakespeare_val_*.bin' -> 'other_val_*.bin'"]
+    assert differs[("c.txt",)] == ["the code"]
+    assert differs[("d.txt",)] == ["softcap 15.0 -> inf"]
 
 
 def test_a_restarted_run_that_did_not_finish_is_not_continued_by_itself(tmp_path, capsys):
