@@ -523,8 +523,8 @@ def test_a_disk_that_fills_with_a_checkpoint_stops_the_run_in_one_line(small_dis
     (run,) = [path for path in folder.iterdir() if path.is_dir()]
     assert str(stopped.value) == (
         f"cannot write the checkpoint {run}/state_step000001.pt ({error.strerror}); free space or "
-        f"change "
-        f"--log_dir; no checkpoint was written (--checkpoint_every=K writes one every K steps)")
+        f"change --log_dir; no checkpoint was written (--checkpoint_every=K writes one every K "
+        f"steps)")
     assert not list(run.iterdir())  # no .partial
     lines = (folder / f"{run.name}.txt").read_text().splitlines()
     assert lines[-2].startswith("step:1/2 train_time:") and lines[-1] == str(stopped.value)
@@ -538,7 +538,6 @@ def test_a_disk_that_fills_with_the_logs_header_stops_the_run_in_one_line(small_
                        rf"\({error.strerror}\); free space or change --log_dir$"):
         main(TINY + [f"--log_dir={folder}"])
     assert not list(folder.iterdir())
-
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

@@ -81,16 +81,21 @@ def on_the_gpu_path():
     return kernels
 
 
+def limit_file_size(size):
+    """From now on no file this process writes may grow past `size` bytes (RLIMIT_FSIZE): a
+    write past that fails with EFBIG, as on a full disk."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
 def fill_the_log_after_its_header(room):
     """From the end of the log's header on, every file this process writes may hold `room`
-    bytes more than the log then does (RLIMIT_FSIZE); a write past that fails with EFBIG."""
+    bytes more than the log then does."""
     header = train_gpt.log_run_header
 
     def then_full(log, *args):
         header(log, *args)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a kill
-        resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(log.path) + room,
-                                                   resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        limit_file_size(os.path.getsize(log.path) + room)
     train_gpt.log_run_header = then_full
 
 
@@ -148,10 +153,8 @@ if __name__ == "__main__":
         written, write = [], train_gpt.write_checkpoint
 
         def write_checkpoint(state, path):
-            if len(written) + 1 >= int(call):  # from here on no file may grow past 1 MiB
-                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a kill
-                resource.setrlimit(resource.RLIMIT_FSIZE,
-                                   (2**20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+            if len(written) + 1 >= int(call):
+                limit_file_size(2**20)
             write(state, path)
             written.append(path)
         train_gpt.write_checkpoint = write_checkpoint
