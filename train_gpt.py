@@ -691,8 +691,7 @@ def train(args, rank, world_size, device):
         "" if device.type == "cuda" else " (CPU run: peak resident set size of rank 0)"))
     log.close()
     if failed := on_rank_0(lambda: log.failed):  # in the last step: no stop is read after it
-        raise UserError(f"{failed}: it lacks the lines printed after that; free space or change "
-                        f"--log_dir")
+        raise UserError(f"{failed}: it lacks the lines printed after that; {FULL_DISK_FIX}")
     return val_losses
 
 def build_model(args, device, gpu_path=None):
@@ -912,6 +911,9 @@ def all_ranks_mean(x):
         x /= dist.get_world_size()
     return x
 
+# What to do where the log or a checkpoint cannot be written (a full disk, as a rule)
+FULL_DISK_FIX = "free space or change --log_dir"
+
 def make_logger(log_dir, run_id, rank):
     """The run's RunLog, <log_dir>/<run id>.txt. Every rank makes the folder, or finds that it
     cannot, so that all stop alike."""
@@ -988,7 +990,7 @@ def log_run_header(log, args, world_size, train_files, val_files, model, code):
     runs = what_runs(model)
     log(f"the head's loss runs as {runs['head']}, the MLPs as {runs['mlp']}")
     if log.failed:
-        raise UserError(f"{log.failed}; free space or change --log_dir")
+        raise UserError(f"{log.failed}; {FULL_DISK_FIX}")
 
 def peak_memory_mib(device):
     """This process's peak memory on `device`: CUDA's allocations, or on a CPU the resident set.
@@ -1118,8 +1120,8 @@ def save_checkpoint(step, stateful, args, run_id, code, clock, log, newest):
     try:
         on_rank_0(write_checkpoint, checkpoint, path)
     except OSError as err:
-        stop_run(f"cannot write the checkpoint {path} ({err.strerror or err}); free space or "
-                 f"change --log_dir", newest, log)
+        stop_run(f"cannot write the checkpoint {path} ({err.strerror or err}); {FULL_DISK_FIX}",
+                 newest, log)
     log(f"checkpoint: step {step} written to {path} in "
         f"{1e3 * (time.perf_counter() - started):.0f}ms, not counted in train_time")
     return path
@@ -1148,8 +1150,8 @@ def check_finite(what, step, value, log, newest):
 def stop_as_asked(reasons, step, newest, log):
     """End the run after `step` for the `reasons` (STOP_REASONS) that ranks asked it to stop for."""
     if "log" in reasons:  # rank 0's, which every rank says
-        stop_run(f"step {step}: {on_rank_0(lambda: log.failed)}, so the run stops here; free "
-                 f"space or change --log_dir", newest, log)
+        stop_run(f"step {step}: {on_rank_0(lambda: log.failed)}, so the run stops here; "
+                 f"{FULL_DISK_FIX}", newest, log)
     stop_run(f"interrupted at step {step}", newest, log, error=SystemExit)
 
 def stop_run(message, newest, log, error=UserError):
