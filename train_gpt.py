@@ -625,12 +625,13 @@ def train(args, rank, world_size, device):
     model, compiled, ddp_model = build_model(args, device)  # may refuse kernels: see use_kernels
     seq_len = sequence_length(args, world_size)
     check_host_memory(model, seq_len)
-    run_id, code = make_run_id(), script_digest()  # the code as it starts, whatever edits come
+    run_id, script = make_run_id(), read_script()  # the code as it starts, whatever edits come
+    code = script_digest(script)
     resume = find_checkpoint(args, run_id, world_size)
     # every refusal of the configuration comes above: from here on, the run has a log
     log = make_logger(args.log_dir, run_id, rank)
     on_rank_0(log_run_header, log, args, world_size, train_loader.files, val_loader.files, model,
-              code)
+              script)
     adam, muon = build_optimizers(model, args)
     stateful = (model, adam, muon, train_loader)  # what holds the training state
     window = torch.tensor(1, dtype=torch.int32, device=device)  # changes without a recompile
@@ -966,16 +967,16 @@ class RunLog:
             with contextlib.suppress(OSError):  # a failed write has closed it already
                 self.file.close()
 
-def log_run_header(log, args, world_size, train_files, val_files, model, code):
-    """Everything needed to reproduce the run: code (and `code`, its script_digest), versions,
-    hardware, data, settings."""
-    if globals().get("__file__"):  # none where the code was run by exec()
-        with open(__file__) as f:
-            log(f.read() + "=" * 100, console=False)
+def log_run_header(log, args, world_size, train_files, val_files, model, script):
+    """Everything needed to reproduce the run: code (`script`, read_script's), versions, hardware,
+    data, settings."""
+    if script is not None:  # none where the code was run by exec()
+        log(script.decode() + "=" * 100, console=False)
     cuda = torch.version.cuda if torch.cuda.is_available() else "none (CPU run)"
     log(f"Python {sys.version.split()[0]}, PyTorch {torch.__version__}, CUDA {cuda}")
-    if code:
-        log(f"the script's SHA-256 begins {code}, as sha256sum {os.path.basename(__file__)} says")
+    if script is not None:
+        log(f"the script's SHA-256 begins {script_digest(script)}, as sha256sum "
+            f"{os.path.basename(__file__)} says")
     log("allocator settings: " + ", ".join(f"{name}={os.environ[name]}" for name in
                                            ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
                                            if name in os.environ))
@@ -1204,13 +1205,18 @@ def restarted_by_torchrun():
     """Whether torchrun restarted this worker (--max-restarts), which then goes on with its run."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
 
-def script_digest():
-    """The first 12 hex digits of the SHA-256 of this file, as `sha256sum` gives it: what
-    identifies the code a run runs (None where it was run by exec(), from no file)."""
+def read_script():
+    """This file's bytes, read once so that the log's copy of the code and its digest agree
+    (None where it was run by exec(), from no file)."""
     if not globals().get("__file__"):
         return None
     with open(__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:12]
+        return f.read()
+
+def script_digest(script):
+    """The first 12 hex digits of the SHA-256 of `script`, as `sha256sum` gives it: what
+    identifies the code a run runs (None for no script)."""
+    return None if script is None else hashlib.sha256(script).hexdigest()[:12]
 
 def make_run_id():
     """torchrun's run id, which lasts over its restarts of the workers, or a new one."""

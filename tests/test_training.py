@@ -171,10 +171,12 @@ def test_the_header_says_how_each_rank_splits_its_share(world_size, sequences, t
     args = parse_args(TINY + ["--batch_size=1024"])
     log = train_gpt.RunLog(str(tmp_path / "run.txt"), writes=True)
     model = train_gpt.build_model(args, torch.device("cpu"))[0]
-    train_gpt.log_run_header(log, args, world_size, [], [], model, "0123456789ab")
+    train_gpt.log_run_header(log, args, world_size, [], [], model, b"print('the code')\n")
     text = (tmp_path / "run.txt").read_text()
     assert f"\nworld size {world_size}: {sequences}\n" in text
-    assert "\nthe script's SHA-256 begins 0123456789ab, as sha256sum train_gpt.py says\n" in text
+    assert text.startswith("print('the code')\n" + "=" * 100 + "\n")
+    # 17b4971161b8: printf "print('the code')\n" | sha256sum
+    assert "\nthe script's SHA-256 begins 17b4971161b8, as sha256sum train_gpt.py says\n" in text
 
 
 @pytest.mark.parametrize("shard_tokens", [1024, 1025, 1026, 1027])
@@ -556,6 +558,9 @@ def test_log_file_has_the_header_and_the_reference_lines(tmp_path):
     assert re.fullmatch(r"[0-9a-f-]{36}\.txt", log.name)
     text = log.read_text()
     assert text.startswith(Path(train_gpt.__file__).read_text())
+    digest = subprocess.run(["sha256sum", train_gpt.__file__], capture_output=True, text=True,
+                            check=True).stdout[:12]
+    assert f"\nthe script's SHA-256 begins {digest}, as sha256sum train_gpt.py says\n" in text
     assert f"PyTorch {torch.__version__}" in text and "hyperparameters: {" in text
     assert "shakespeare_train_000000.bin" in text
     lines = text.splitlines()
